@@ -1,0 +1,1 @@
+"""HorizonServe Kubernetes operator (kopf): OmniService CRD, per-node serving pods, status."""
