@@ -1,0 +1,254 @@
+"""Configuration models: request classes, SLO table, SM ladder and control parameters.
+
+One source of truth: the runtime, the simulator, the vLLM-Omni plugin and the operator's CRD
+schema are all derived from these pydantic models. Validation errors name the offending field.
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import IntEnum, StrEnum
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Priority(IntEnum):
+    """API priority code carried by a request; it encodes the requested output modality."""
+
+    TEXT = 0
+    AUDIO = 10
+    IMAGE = 20
+
+
+class Path(StrEnum):
+    """Short-path requests finish in the shared stage; long-path ones continue downstream."""
+
+    SHORT = "short"
+    LONG = "long"
+
+
+class Metric(StrEnum):
+    """First-response metric judged against the class SLO."""
+
+    TTFT = "ttft"  # first text token
+    TTFO = "ttfo"  # first audio chunk
+    E2E = "e2e"  # finished image
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageProfile(_Model):
+    """Offline per-class cost profile used to estimate a request's remaining time r̂.
+
+    r̂ = prefill (base + per-input-unit terms) + remaining shared-stage decode tokens before the
+    first response (or hand-off) × TPOT + remaining downstream steps × step time.
+    """
+
+    prefill_base_s: float = Field(0.02, ge=0, description="Fixed prefill cost in seconds.")
+    prefill_s_per_token: float = Field(
+        2.0e-5, ge=0, description="Prefill seconds per input text token."
+    )
+    prefill_s_per_audio_second: float = Field(
+        1.0e-3, ge=0, description="Prefill seconds per second of input audio."
+    )
+    prefill_s_per_image: float = Field(0.03, ge=0, description="Prefill seconds per input image.")
+    decode_tokens_to_first_response: int = Field(
+        1,
+        ge=0,
+        description="Shared-stage tokens decoded before the first response or downstream hand-off.",
+    )
+    tpot_s: float = Field(0.005, gt=0, description="Shared-stage seconds per output token.")
+    downstream_steps_to_first_response: int = Field(
+        0, ge=0, description="Downstream steps (talker/codec/diffusion) before the first output."
+    )
+    downstream_step_s: float = Field(0.0, ge=0, description="Seconds per downstream step.")
+
+
+class RequestClass(_Model):
+    """A request class: what a request asks for and how its first response is judged."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_\-]*$")]
+    priority: Priority = Field(description="API priority code: 0 text, 10 audio, 20 image.")
+    path: Path
+    metric: Metric
+    solo_p95_s: float = Field(gt=0, description="Solo p95 first-response latency in seconds.")
+    slo_multiplier: float | None = Field(
+        None, gt=0, description="Per-class override of the SLO table's multiplier."
+    )
+    profile: StageProfile = Field(default_factory=StageProfile)
+
+    @model_validator(mode="after")
+    def _metric_matches_path(self) -> Self:
+        if self.path is Path.SHORT and self.metric is not Metric.TTFT:
+            raise ValueError(
+                f"class {self.name!r}: a short-path class is judged by metric 'ttft', "
+                f"not {self.metric.value!r}"
+            )
+        if self.path is Path.LONG and self.metric is Metric.TTFT:
+            raise ValueError(
+                f"class {self.name!r}: a long-path class is judged by 'ttfo' (speech) or "
+                "'e2e' (image), not 'ttft'"
+            )
+        return self
+
+
+class SloTable(_Model):
+    """Per-class first-response targets: Δc = solo p95 × multiplier."""
+
+    multiplier: float = Field(5.0, gt=0, description="Global SLO multiplier m (paper default 5).")
+    classes: list[RequestClass] = Field(min_length=1)
+    default_class: dict[Priority, str] = Field(
+        default_factory=dict,
+        description="Class used for a bare priority code; default: first class with that code.",
+    )
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> Self:
+        seen: set[str] = set()
+        for cls in self.classes:
+            if cls.name in seen:
+                raise ValueError(f"classes: duplicate class name {cls.name!r}")
+            seen.add(cls.name)
+        for prio, name in self.default_class.items():
+            match = [c for c in self.classes if c.name == name]
+            if not match:
+                raise ValueError(
+                    f"default_class[{int(prio)}]: unknown class {name!r}; known: {sorted(seen)}"
+                )
+            if match[0].priority != prio:
+                raise ValueError(
+                    f"default_class[{int(prio)}]: class {name!r} has priority "
+                    f"{int(match[0].priority)}, not {int(prio)}"
+                )
+        return self
+
+    def get(self, name: str) -> RequestClass:
+        for cls in self.classes:
+            if cls.name == name:
+                return cls
+        raise KeyError(f"unknown request class {name!r}; known: {[c.name for c in self.classes]}")
+
+    def target_s(self, name: str) -> float:
+        cls = self.get(name)
+        mult = cls.slo_multiplier if cls.slo_multiplier is not None else self.multiplier
+        return cls.solo_p95_s * mult
+
+    def class_for_priority(self, priority: int) -> RequestClass:
+        """Class for a bare API priority code (the vLLM-Omni path carries only the code)."""
+        try:
+            prio = Priority(priority)
+        except ValueError:
+            raise ValueError(
+                f"priority {priority}: unknown code; use 0 (text), 10 (audio) or 20 (image)"
+            ) from None
+        name = self.default_class.get(prio)
+        if name is not None:
+            return self.get(name)
+        for cls in self.classes:
+            if cls.priority == prio:
+                return cls
+        raise ValueError(f"priority {priority}: no request class with this code is configured")
+
+
+class SmLadder(_Model):
+    """Shared-stage SM levels S_min … S_cap used while downstream stages co-run.
+
+    Invariant: levels strictly increasing, S_cap = levels[-1] ≤ S_aggr ≤ S_tot.
+    """
+
+    levels: list[int] = Field(min_length=1, description="Co-running SM levels, ascending.")
+    aggressive: int = Field(gt=0, description="S_aggr: shared-stage SMs with no downstream work.")
+    total: int = Field(gt=0, description="S_tot: SMs on the GPU.")
+
+    @field_validator("levels")
+    @classmethod
+    def _sorted_positive(cls, levels: list[int]) -> list[int]:
+        if any(s <= 0 for s in levels):
+            raise ValueError("every level must be a positive SM count")
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ValueError(f"levels must be strictly increasing, got {levels}")
+        return levels
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.s_cap > self.aggressive:
+            raise ValueError(
+                f"levels: S_cap {self.s_cap} (the last level) exceeds aggressive (S_aggr) "
+                f"{self.aggressive}; lower the top level or raise aggressive"
+            )
+        if self.aggressive > self.total:
+            raise ValueError(
+                f"aggressive: S_aggr {self.aggressive} exceeds total (S_tot) {self.total}"
+            )
+        return self
+
+    @property
+    def s_min(self) -> int:
+        return self.levels[0]
+
+    @property
+    def s_cap(self) -> int:
+        return self.levels[-1]
+
+    def headroom(self, shared_sms: int) -> int:
+        """Downstream SMs given a shared-stage allocation (complementary ladder)."""
+        return max(0, self.total - shared_sms)
+
+
+class ControlParams(_Model):
+    """Online control parameters (paper defaults)."""
+
+    u_guard: float = Field(
+        1.5, gt=0, description="Slack-ratio guard: a request with u < u_guard is protected."
+    )
+    rotation_m: int = Field(2, ge=1, description="M: long-path phase steps per rotation period.")
+    rotation_n_min: int = Field(2, ge=1, description="N_min: fewest short-path phase steps.")
+    rotation_n_max: int = Field(8, ge=1, description="N_max: most short-path phase steps.")
+    long_path_cap: int = Field(
+        2, ge=0, description="Most ordinary long-path prefills visible per step (protected exempt)."
+    )
+    ewma_gamma: float = Field(
+        0.4, gt=0, le=1, description="EWMA weight of the newest pressure sample."
+    )
+    b_sat: float = Field(
+        0.93, gt=0, le=1, description="Saturation pressure: NVML memory activity fraction."
+    )
+    hysteresis_steps: int = Field(
+        1, ge=0, description="Ladder steps the target must move before the cap changes."
+    )
+    unknown_pressure: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="ρ used while the pressure signal is unknown (1.0 = S_cap, the safe side).",
+    )
+
+    @model_validator(mode="after")
+    def _n_range(self) -> Self:
+        if self.rotation_n_min > self.rotation_n_max:
+            raise ValueError(
+                f"rotation_n_min {self.rotation_n_min} exceeds rotation_n_max {self.rotation_n_max}"
+            )
+        return self
+
+
+class PolicyName(StrEnum):
+    HORIZON = "horizon"
+    FCFS = "fcfs"
+    EDF = "edf"
+    NO_ROTATION = "horizon-no-rotation"
+    NO_THROTTLING = "horizon-no-throttling"
+
+
+class ServingConfig(_Model):
+    """Everything one serving process needs: the model's classes, the ladder and the policy."""
+
+    model: str = Field(min_length=1)
+    pipeline: str = Field(min_length=1, description="qwen2_5_omni, mimo_audio or bagel.")
+    policy: PolicyName = PolicyName.HORIZON
+    slo: SloTable
+    ladder: SmLadder
+    control: ControlParams = Field(default_factory=ControlParams)

@@ -1,0 +1,58 @@
+"""Shared-memory files: where they live and how they are mapped.
+
+A record is a plain file in /dev/shm (tmpfs, so RAM only) mapped with mmap in every stage
+process. Where /dev/shm is missing or not writable (macOS, some sandboxes) the system temp
+dir is used instead; that is slower only when the page cache is flushed, which is harmless.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+#: Environment variable that overrides the directory for all shared-memory files.
+SHM_DIR_ENV = "HORIZONSERVE_SHM_DIR"
+_DEV_SHM = Path("/dev/shm")
+
+
+def shm_dir() -> Path:
+    """Directory for shared-memory files: $HORIZONSERVE_SHM_DIR, /dev/shm, else the temp dir."""
+    override = os.environ.get(SHM_DIR_ENV)
+    if override:
+        return Path(override)
+    if _DEV_SHM.is_dir() and os.access(_DEV_SHM, os.W_OK | os.X_OK):
+        return _DEV_SHM
+    return Path(tempfile.gettempdir())
+
+
+def shm_path(name: str) -> Path:
+    """Path of the shared-memory file called `name` (a bare file name, no directories)."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"shared-memory name must be a bare file name, got {name!r}")
+    return shm_dir() / name
+
+
+def create_mapping(path: str | os.PathLike[str], size: int) -> tuple[int, mmap.mmap]:
+    """Create (or truncate) `path` to `size` zero bytes and map it; returns (fd, map)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, size)  # tmpfs zero-fills: every seq counter starts even (0)
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_mapping(path: str | os.PathLike[str], min_size: int) -> tuple[int, mmap.mmap]:
+    """Map an existing file read-write; raises FileNotFoundError or ValueError (too small)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size < min_size:
+            raise ValueError(f"{path}: {size} bytes, expected at least {min_size}")
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise

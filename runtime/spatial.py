@@ -1,0 +1,140 @@
+"""Spatial control: the shared stage's SM cap from downstream activity and memory pressure.
+
+Eq. (1): with no downstream stage active the shared stage gets S_aggr; while one is active it
+gets snap(S_min + ρ (S_cap − S_min)) with ρ = clamp(B̂ / B_sat, 0, 1) and B̂ the EWMA of the
+memory-activity signal. Invariants: never above S_cap while downstream is active; the cap moves
+off a ladder level only once the unsnapped target has reached the neighbouring level
+(`hysteresis_steps` ladder steps away); the downstream stage gets S_tot − s_shared.
+
+Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
+the setting that protects short-path requests most while still bounding the shared stage.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from horizonserve.runtime.config import ControlParams, SmLadder
+
+AGGRESSIVE = -1  # level index meaning "S_aggr, no downstream stage active"
+UNCAPPED = -2  # level index meaning "whole GPU, no throttling"
+
+
+@dataclass(slots=True, frozen=True)
+class SmDecision:
+    shared: int  # SMs the shared stage may use this step
+    downstream: int  # complementary headroom for downstream stages
+    level: int  # index into ladder.levels, or AGGRESSIVE / UNCAPPED
+    changed: bool  # differs from the previous step's decision
+
+
+class PressureEwma:
+    """EWMA of the memory-pressure samples; None while unknown."""
+
+    __slots__ = ("_gamma", "value")
+
+    def __init__(self, gamma: float) -> None:
+        self._gamma = gamma
+        self.value: float | None = None
+
+    def update(self, sample: float | None) -> float | None:
+        if sample is None or sample != sample:  # None or NaN: the signal is unavailable
+            self.value = None
+        elif self.value is None:
+            self.value = sample
+        else:
+            self.value += self._gamma * (sample - self.value)
+        return self.value
+
+
+def snap(levels: list[int], target: float) -> int:
+    """Index of the ladder level nearest to `target` (ties go down)."""
+    i = bisect_left(levels, target)
+    if i == 0:
+        return 0
+    if i == len(levels):
+        return len(levels) - 1
+    return i if levels[i] - target < target - levels[i - 1] else i - 1
+
+
+class SpatialController:
+    """Bandwidth-guided SM throttling with hysteresis."""
+
+    __slots__ = ("_control", "_hyst", "_ladder", "_levels", "_prev", "_span", "ewma")
+
+    def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
+        self._ladder = ladder
+        self._control = control
+        self._levels = list(ladder.levels)
+        self._span = ladder.s_cap - ladder.s_min
+        self._hyst = control.hysteresis_steps
+        self.ewma = PressureEwma(control.ewma_gamma)
+        self._prev: SmDecision | None = None
+
+    @property
+    def ladder(self) -> SmLadder:
+        return self._ladder
+
+    def observe(self, sample: float | None) -> float | None:
+        """Feed one raw memory-activity sample (fraction in [0, 1]); returns B̂."""
+        return self.ewma.update(sample)
+
+    def rho(self) -> float:
+        b = self.ewma.value
+        if b is None:
+            return self._control.unknown_pressure
+        r = b / self._control.b_sat
+        return 0.0 if r < 0.0 else 1.0 if r > 1.0 else r
+
+    def _target_level(self, raw: float, prev: SmDecision | None) -> int:
+        levels = self._levels
+        if prev is None or prev.level < 0:
+            return snap(levels, raw)  # entering co-running: go straight to the ladder
+        i = prev.level
+        h = self._hyst
+        if h == 0:
+            return snap(levels, raw)
+        # Dead band: stay on level i until the raw target reaches h levels away.
+        up = i + h
+        down = i - h
+        if up < len(levels) and raw >= levels[up]:
+            return snap(levels, raw)
+        if down >= 0 and raw <= levels[down]:
+            return snap(levels, raw)
+        return i
+
+    def select(self, downstream_active: bool) -> SmDecision:
+        """The shared-stage SM cap for this step (Eq. 1 with hysteresis)."""
+        prev = self._prev
+        ladder = self._ladder
+        if not downstream_active:
+            level, shared = AGGRESSIVE, ladder.aggressive
+        else:
+            raw = ladder.s_min + self.rho() * self._span
+            level = self._target_level(raw, prev)
+            shared = self._levels[level]
+        if prev is not None and prev.level == level:
+            return prev if not prev.changed else self._remember(prev.shared, level, False)
+        return self._remember(shared, level, True)
+
+    def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
+        d = SmDecision(shared, self._ladder.headroom(shared), level, changed)
+        self._prev = d
+        return d
+
+
+class UncappedSpatial:
+    """Baselines and the no-throttling ablation: every stage may use the whole GPU."""
+
+    __slots__ = ("_decision", "ewma")
+
+    def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
+        self._decision = SmDecision(ladder.total, ladder.total, UNCAPPED, False)
+        self.ewma = PressureEwma(control.ewma_gamma)
+
+    def observe(self, sample: float | None) -> float | None:
+        return self.ewma.update(sample)
+
+    def select(self, downstream_active: bool) -> SmDecision:
+        return self._decision
