@@ -252,3 +252,41 @@ class ServingConfig(_Model):
     slo: SloTable
     ladder: SmLadder
     control: ControlParams = Field(default_factory=ControlParams)
+
+
+class DownstreamKind(StrEnum):
+    SPEECH = "speech"  # talker AR + code-to-waveform
+    IMAGE = "image"  # diffusion-transformer denoising loop
+
+
+class PipelineSpec(_Model):
+    """An omni pipeline's request classes and downstream stages (shipped as package data)."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="Model id, e.g. Qwen/Qwen2.5-Omni-7B.")
+    downstream: list[DownstreamKind] = Field(min_length=1)
+    slo: SloTable
+    source: str = Field(min_length=1, description="Where the profile numbers come from.")
+
+
+PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
+
+
+def load_pipeline(name: str) -> PipelineSpec:
+    """The shipped pipeline definition `runtime/data/pipelines/<name>.json`."""
+    from importlib import resources
+
+    if name not in PIPELINES:
+        raise ValueError(f"pipeline: unknown pipeline {name!r}; choose one of {list(PIPELINES)}")
+    text = resources.files("horizonserve.runtime").joinpath(f"data/pipelines/{name}.json")
+    return PipelineSpec.model_validate_json(text.read_text())
+
+
+def default_ladder(total_sms: int = 132) -> SmLadder:
+    """Ladder used until calibration provides one: S_cap ≈ 0.6 × S_tot, S_aggr = S_tot.
+
+    On the H200 (132 SMs) decode saturates near 64 SMs; [32, 48, 64, 80] brackets it.
+    """
+    cap = max(1, round(total_sms * 0.6 / 16) * 16)
+    levels = sorted({max(8, cap - 48), max(8, cap - 32), max(8, cap - 16), cap})
+    return SmLadder(levels=levels, aggressive=total_sms, total=total_sms)
