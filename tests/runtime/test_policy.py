@@ -1,0 +1,77 @@
+"""Policies: Algorithm 1 composition and the baselines' distinguishing behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from horizonserve.runtime.config import PolicyName
+from horizonserve.runtime.policy import make_policy
+from horizonserve.runtime.spatial import UNCAPPED
+from horizonserve.runtime.temporal import Phase
+from tests.runtime.builders import make_config
+
+
+def _ident(x):  # type: ignore[no-untyped-def]
+    return x
+
+
+def _queue(policy):  # type: ignore[no-untyped-def]
+    items = [policy.admit(f"a{i}", 0.0, priority=10) for i in range(3)]
+    items += [policy.admit(f"t{i}", 0.0, priority=0) for i in range(2)]
+    return items
+
+
+def test_horizon_rotates_and_throttles() -> None:
+    policy = make_policy("horizon", make_config())
+    items = _queue(policy)
+    d = policy.step(0.01, downstream_active=True, pressure_sample=0.2)
+    assert d.view.phase is Phase.SHORT
+    visible, hidden = d.view.split(items, _ident)
+    assert [s.cls.name for s in visible] == ["text", "text"]
+    assert len(hidden) == 3
+    assert d.sm.shared <= policy.spatial.ladder.s_cap
+    assert d.pressure == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("name", ["fcfs", "edf"])
+def test_baselines_see_everything_uncapped(name: str) -> None:
+    policy = make_policy(name, make_config())
+    items = _queue(policy)
+    d = policy.step(0.01, downstream_active=True, pressure_sample=0.9)
+    visible, hidden = d.view.split(items, _ident)
+    assert hidden == []
+    assert d.sm.level == UNCAPPED
+    if name == "edf":  # text deadlines (0.5 s) precede audio ones (5 s)
+        assert [s.cls.name for s in visible][:2] == ["text", "text"]
+    else:
+        assert visible == items
+
+
+def test_ablations_drop_exactly_one_mechanism() -> None:
+    no_rot = make_policy(PolicyName.NO_ROTATION, make_config())
+    items = _queue(no_rot)
+    d = no_rot.step(0.01, downstream_active=True, pressure_sample=0.0)
+    assert d.view.split(items, _ident)[1] == []
+    assert d.sm.shared == 32
+
+    no_thr = make_policy(PolicyName.NO_THROTTLING, make_config())
+    items = _queue(no_thr)
+    d = no_thr.step(0.01, downstream_active=True, pressure_sample=0.0)
+    assert len(d.view.split(items, _ident)[1]) == 3
+    assert d.sm.level == UNCAPPED
+
+
+def test_dequeue_and_requeue_track_the_waiting_queue() -> None:
+    policy = make_policy("horizon", make_config())
+    sig = policy.admit("t", 0.0, priority=0)
+    policy.dequeue(sig)
+    assert not sig.waiting
+    sig.record_progress(prefilled=True, decoded=1)
+    policy.requeue(sig, 0.5)  # preempted: comes back as a decode continuation
+    assert sig.waiting
+    assert policy.step(0.5, downstream_active=False).view.is_visible(sig)
+
+
+def test_unknown_policy_names_the_field() -> None:
+    with pytest.raises(ValueError, match="policy: unknown policy 'sjf'"):
+        make_policy("sjf", make_config())
