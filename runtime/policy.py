@@ -24,8 +24,6 @@ from horizonserve.runtime.profiler import InputFeatures, RequestProfiler, Reques
 from horizonserve.runtime.spatial import SmDecision, SpatialController, UncappedSpatial
 from horizonserve.runtime.temporal import StepView, TemporalScheduler
 
-_DEFAULT_FEATURES = InputFeatures()
-
 # (rotation, edf, throttling) per policy.
 _POLICY_FLAGS: dict[PolicyName, tuple[bool, bool, bool]] = {
     PolicyName.HORIZON: (True, False, True),
@@ -66,7 +64,7 @@ class SchedulingPolicy:
         *,
         priority: int | None = None,
         class_name: str | None = None,
-        features: InputFeatures = _DEFAULT_FEATURES,
+        features: InputFeatures | None = None,
     ) -> RequestSignals:
         """Annotate a new request and enter it into the waiting queue."""
         sig = self.profiler.annotate(

@@ -39,7 +39,7 @@ class Phase(StrEnum):
     ALL = "all"  # no path filtering (rotation disabled)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class StepView:
     """The decision of one step: a predicate over waiting requests."""
 
@@ -67,9 +67,18 @@ class StepView:
         if self.edf:
             yield from self.split(waiting, signals)[0]
             return
-        is_visible = self.is_visible
+        # is_visible, inlined: this loop is the per-step cost the base scheduler pays.
+        show_short = self.phase is not Phase.LONG
+        long_visible = self.long_visible
+        limit = self.long_limit
         for item in waiting:
-            if is_visible(signals(item)):
+            sig = signals(item)
+            if sig.prefilled or sig.protected:
+                yield item
+            elif not sig.long_path:
+                if show_short:
+                    yield item
+            elif long_visible and (limit is None or (sig.deadline, sig.seq) <= limit):
                 yield item
 
     def split(

@@ -104,6 +104,7 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
             view = q.sched.plan(now)
             visible, hidden = view.split(q.items, _ident)
             assert visible == oracle_visible(view, q.items, now, cap)
+            assert list(view.iter_visible(q.items, _ident)) == visible
             for s in hidden:
                 assert not s.prefilled
                 assert not s.is_protected(now)
