@@ -290,3 +290,87 @@ def default_ladder(total_sms: int = 132) -> SmLadder:
     cap = max(1, round(total_sms * 0.6 / 16) * 16)
     levels = sorted({max(8, cap - 48), max(8, cap - 32), max(8, cap - 16), cap})
     return SmLadder(levels=levels, aggressive=total_sms, total=total_sms)
+
+
+# --- Operator ↔ node contract ----------------------------------------------------------------
+# Shared by the node sidecar (which publishes) and the operator (which aggregates); nothing here
+# imports Kubernetes. The operator passes the ServingConfig and these settings to the serving
+# pod's containers through the environment variables named below.
+
+SERVING_CONFIG_ENV = "HORIZONSERVE_SERVING_CONFIG"  # ServingConfig as JSON
+CALIBRATION_MODE_ENV = "HORIZONSERVE_CALIBRATION_MODE"  # a CalibrationMode value
+ARTIFACT_DIR_ENV = "HORIZONSERVE_ARTIFACT_DIR"  # node-local directory of calibration artifacts
+NODE_NAME_ENV = "HORIZONSERVE_NODE_NAME"
+POD_NAME_ENV = "HORIZONSERVE_POD_NAME"
+POD_NAMESPACE_ENV = "HORIZONSERVE_POD_NAMESPACE"
+METRICS_PORT_ENV = "HORIZONSERVE_METRICS_PORT"  # the sidecar's /metrics and /healthz port
+SUMMARY_ANNOTATION = "horizonserve.io/summary"  # pod annotation holding a NodeSummary as JSON
+
+
+class CalibrationMode(StrEnum):
+    """auto: calibrate when the node has no artifact for this model + GPU + driver;
+    skip: never calibrate (the spec's ladder or the default one); force: calibrate on start."""
+
+    AUTO = "auto"
+    SKIP = "skip"
+    FORCE = "force"
+
+
+class _Wire(BaseModel):
+    # Published by one version and read by another: unknown fields are ignored, not fatal.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ClassSummary(_Wire):
+    """First-response outcomes of one request class over the summary's window."""
+
+    name: str = Field(min_length=1)
+    priority: Priority
+    requests: int = Field(0, ge=0, description="First responses judged in the window.")
+    met: int = Field(0, ge=0, description="Of those, how many met the class SLO.")
+    p95_s: float | None = Field(None, ge=0, description="p95 first-response latency (s).")
+    target_s: float | None = Field(None, gt=0, description="The class SLO Δc in seconds.")
+
+    @model_validator(mode="after")
+    def _met_le_requests(self) -> Self:
+        if self.met > self.requests:
+            raise ValueError(
+                f"class {self.name!r}: met {self.met} exceeds requests {self.requests}"
+            )
+        return self
+
+
+class NodeSummary(_Wire):
+    """A node's compact state, published by its sidecar as the pod annotation SUMMARY_ANNOTATION.
+
+    Counts cover the trailing `window_s` seconds; `timestamp` is the publisher's wall clock
+    (Unix seconds) so the reader can tell a stale summary from a fresh one.
+    """
+
+    version: int = Field(1, ge=1, description="Format version of this summary.")
+    node: str = Field(min_length=1)
+    timestamp: float = Field(ge=0, description="Unix time of publication.")
+    window_s: float = Field(300.0, gt=0, description="Window the counts cover (s).")
+    calibrated: bool = Field(False, description="A calibration artifact is loaded.")
+    calibration_artifact: str | None = Field(None, description="Artifact id (model+GPU+driver).")
+    calibration_error: str | None = Field(None, description="Why calibration failed, if it did.")
+    ladder: SmLadder | None = Field(None, description="The SM ladder in use.")
+    gpu: str | None = Field(None, description="GPU product name.")
+    classes: list[ClassSummary] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list, description="Recent errors, newest last.")
+
+    @property
+    def requests(self) -> int:
+        return sum(c.requests for c in self.classes)
+
+    @property
+    def met(self) -> int:
+        return sum(c.met for c in self.classes)
+
+    def to_annotation(self) -> str:
+        """Compact JSON for the pod annotation."""
+        return self.model_dump_json(exclude_none=True, exclude_defaults=False)
+
+    @classmethod
+    def from_annotation(cls, text: str) -> NodeSummary:
+        return cls.model_validate_json(text)
