@@ -25,6 +25,8 @@ INSTALL_YAML = MANIFESTS / "install.yaml"
 EXAMPLES = MANIFESTS / "examples"
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
 OPERATOR_DOCKERFILE = ROOT / "operator" / "Dockerfile"
+# The operator's entry point: the image's ENTRYPOINT and the chart's container command.
+OPERATOR_COMMAND = ["python", "-m", "horizonserve.operator"]
 
 # What `manifests/install.yaml` is rendered with (charts/sync-crds.sh).
 DEFAULT_RELEASE = "horizonserve"
@@ -89,6 +91,13 @@ def _openapi_to_jsonschema(node: Any, strict: bool) -> Any:
             continue
         else:
             out[key] = copy.deepcopy(value)
+    # OpenAPI 3.0 (boolean) exclusive bounds -> JSON Schema draft 7 (numeric) ones.
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        flag = out.get(exclusive)
+        if isinstance(flag, bool):
+            del out[exclusive]
+            if flag and bound in out:
+                out[exclusive] = out.pop(bound)
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]

@@ -22,6 +22,7 @@ from ..charts.chartlib import (
     DEFAULT_NAMESPACE,
     DEFAULT_RELEASE,
     INSTALL_YAML,
+    OPERATOR_COMMAND,
     ROOT,
     find,
     kubernetes_validate,
@@ -178,7 +179,7 @@ def test_deployment_runs_one_operator_safely(helm_bin: str) -> None:
 
     c = container(docs)
     assert c["image"] == "ghcr.io/horizonserve/horizonserve-operator:0.1.0"
-    assert c["command"] == ["python", "-m", "horizonserve.operator"]
+    assert c["command"] == OPERATOR_COMMAND
     assert "args" not in c
     sc = c["securityContext"]
     assert sc["privileged"] is False
@@ -321,7 +322,8 @@ def test_existing_service_account_and_no_rbac(helm_bin: str) -> None:
 def test_monitors_select_the_serving_pods(helm_bin: str) -> None:
     docs = template(helm_bin, VARIANTS["monitors"])
     values_selector = {
-        "app.kubernetes.io/name": "horizonserve-serving",
+        "app.kubernetes.io/name": "horizonserve",
+        "app.kubernetes.io/component": "serving",
         "app.kubernetes.io/managed-by": "horizonserve-operator",
     }
     pm = one(docs, "PodMonitor")
@@ -379,6 +381,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         {
             "metrics.servingPodSelector": {
                 "app.kubernetes.io/name": None,
+                "app.kubernetes.io/component": None,
                 "app.kubernetes.io/managed-by": None,
             }
         },
