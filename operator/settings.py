@@ -1,0 +1,92 @@
+"""Operator configuration (environment) and kopf settings.
+
+Environment (the Helm chart sets the first three):
+
+| variable | default | meaning |
+|---|---|---|
+| HORIZONSERVE_NAMESPACE | "" | only this namespace; empty: all namespaces |
+| HORIZONSERVE_SERVING_IMAGE | horizonserve:<version> | serving image when a spec omits `image` |
+| HORIZONSERVE_LOG_LEVEL | INFO | DEBUG / INFO / WARNING / ERROR |
+| HORIZONSERVE_STATUS_INTERVAL | 10 | seconds between status aggregations |
+| HORIZONSERVE_RESYNC_INTERVAL | 2 | seconds between level-triggered pod reconciliations |
+| HORIZONSERVE_SUMMARY_STALE_AFTER | 180 | a node summary older than this does not count |
+| HORIZONSERVE_LIVENESS | http://0.0.0.0:8080/healthz | kopf's liveness endpoint |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+
+import kopf
+
+from horizonserve.operator import models
+from horizonserve.runtime import __version__
+
+DEFAULT_IMAGE = f"horizonserve:{__version__}"
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+FINALIZER = f"{models.GROUP}/finalizer"
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r}: must be positive")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    namespace: str = ""
+    serving_image: str = DEFAULT_IMAGE
+    log_level: str = "INFO"
+    status_interval_s: float = 10.0
+    resync_interval_s: float = 2.0
+    stale_after_s: float = 180.0
+    liveness_endpoint: str = DEFAULT_LIVENESS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+        level = (env.get("HORIZONSERVE_LOG_LEVEL") or "INFO").upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"HORIZONSERVE_LOG_LEVEL={level!r}: use DEBUG/INFO/WARNING/ERROR")
+        return cls(
+            namespace=env.get("HORIZONSERVE_NAMESPACE", "").strip(),
+            serving_image=env.get("HORIZONSERVE_SERVING_IMAGE", "").strip() or DEFAULT_IMAGE,
+            log_level=level,
+            status_interval_s=_float(env, "HORIZONSERVE_STATUS_INTERVAL", 10.0),
+            resync_interval_s=_float(env, "HORIZONSERVE_RESYNC_INTERVAL", 2.0),
+            stale_after_s=_float(env, "HORIZONSERVE_SUMMARY_STALE_AFTER", 180.0),
+            liveness_endpoint=env.get("HORIZONSERVE_LIVENESS", "").strip() or DEFAULT_LIVENESS,
+        )
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings; called from the startup handler."""
+    # One replica (the chart's Deployment uses Recreate): no peering objects, no peering RBAC.
+    settings.peering.standalone = True
+    # Handler progress and the diff base live in our own annotations, never in `status`
+    # (the CRD declares every status field; anything else would be pruned).
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=models.GROUP, key="last-handled-configuration"
+    )
+    # Watches: ask the server to end each stream after 5 min and give up client-side a bit
+    # later, so a silently dead connection (edge networks, load balancers) is replaced; kopf
+    # resumes from the last resourceVersion.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    # Kubernetes Events only for warnings and errors: a 500-node fleet must not emit one per
+    # handler run.
+    settings.posting.level = logging.WARNING
