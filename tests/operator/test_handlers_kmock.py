@@ -1,0 +1,221 @@
+"""Fast unit tests of the handler steps against kmock's Kubernetes emulator.
+
+These check which API requests a step makes (and which it does not). Behaviour against a real
+API server (schema validation, garbage collection, watches, restarts) is in test_k8s_*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+import pytest
+import pytest_asyncio
+
+from horizonserve.operator import controller, handlers, settings
+from horizonserve.operator.builders import Owner
+from horizonserve.operator.kube import Kube, KubeError, _resource_of
+from horizonserve.operator.nodes import GpuNode
+from horizonserve.operator.pods import pod_state
+
+pytestmark = pytest.mark.asyncio
+
+OWNER = Owner(name="svc", namespace="ns", uid="uid-1")
+SPEC = {"pipeline": "qwen2_5_omni", "backend": "reference"}
+PODS = kmock.resource("v1/pods")
+ROLES = kmock.resource("rbac.authorization.k8s.io/v1/roles")
+
+
+def _nodes(*names: str) -> dict[str, list[GpuNode]]:
+    return {n: [GpuNode(n, {})] for n in names}
+
+
+@pytest_asyncio.fixture
+async def state(kmock: kmock.KubernetesEmulator) -> Any:
+    for res in ("v1/pods", "v1/serviceaccounts"):
+        kmock.resources[res] = {}
+    for res in ("roles", "rolebindings"):
+        kmock.resources[f"rbac.authorization.k8s.io/v1/{res}"] = {}
+    kube = Kube(str(kmock.url))
+    st = controller.OperatorState(settings.OperatorConfig(serving_image="img:1"), kube)
+    yield st
+    await kube.close()
+
+
+def _index_from_kmock(kmock: kmock.KubernetesEmulator) -> dict[tuple[str, str], list]:
+    """What kopf's pod index would hold: the emulator's live pods as PodState."""
+    pods = []
+    for (res, _ns, _name), obj in kmock.objects.items():
+        if res == PODS and not obj.deleted:
+            raw = obj.raw
+            pods.append(pod_state(raw["metadata"], raw.get("status") or {}))
+    return {("ns", "svc"): pods}
+
+
+def _live_pods(kmock: kmock.KubernetesEmulator) -> set[str]:
+    objects = kmock.objects.items()
+    return {name for (res, _, name), obj in objects if res == PODS and not obj.deleted}
+
+
+async def test_first_pass_creates_rbac_then_one_pod_per_node(kmock, state) -> None:
+    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2", "g3"), {})
+    assert result is not None and sorted(result.create) == ["g1", "g2", "g3"]
+    assert _live_pods(kmock) == {"svc-g1", "svc-g2", "svc-g3"}
+    kinds = [_resource_of(r.url.path) for r in kmock["post"]]
+    assert kinds[:3] == ["serviceaccounts", "roles", "rolebindings"]  # before any pod
+    role = kmock.objects[ROLES, "ns", "svc-node"].raw
+    assert role["rules"][0]["resourceNames"] == ["svc-g1", "svc-g2", "svc-g3"]
+    assert state.kube.requests["POST pods"] == 3
+
+
+async def test_second_pass_without_index_update_makes_no_requests(kmock, state) -> None:
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
+    before = len(kmock)
+    # The watch has not delivered the pods yet: expectations prevent duplicate creates.
+    again = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
+    assert again is not None and again.empty
+    assert len(kmock) == before
+
+
+async def test_converged_pass_is_silent_and_node_removal_deletes_its_pod(kmock, state) -> None:
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
+    for name in ("svc-g1", "svc-g2"):  # the emulator assigns no uids; the API server would
+        kmock.objects[PODS, "ns", name].patch({"metadata": {"uid": f"uid-{name}"}})
+    index = _index_from_kmock(kmock)
+    before = len(kmock)
+    assert (await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), index)).empty
+    assert len(kmock) == before
+    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), index)
+    assert [p.name for p in result.delete] == ["svc-g2"]
+    assert _live_pods(kmock) == {"svc-g1"}
+    (delete,) = kmock["delete"]
+    assert delete.data["preconditions"] == {"uid": "uid-svc-g2"}  # spares a same-named successor
+    role = kmock.objects[ROLES, "ns", "svc-node"].raw
+    assert role["rules"][0]["resourceNames"] == ["svc-g1"]  # patched to the new set
+
+
+async def test_restart_with_existing_pods_creates_nothing(kmock, state) -> None:
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
+    index = _index_from_kmock(kmock)
+    fresh = controller.OperatorState(state.config, state.kube)  # a restarted operator
+    posts = len(kmock["post"])
+    result = await controller.sync_pods(fresh, OWNER, SPEC, _nodes("g1", "g2"), index)
+    assert result.empty
+    assert len(kmock["post"]) == posts + 3  # only ensure RBAC (409s): SA, Role, RoleBinding
+    assert _live_pods(kmock) == {"svc-g1", "svc-g2"}
+
+
+async def test_create_conflict_is_not_an_error(kmock, state) -> None:
+    kmock.objects[PODS, "ns", "svc-g1"] = {"metadata": {"name": "svc-g1", "namespace": "ns"}}
+    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    assert result.create == ("g1",)
+    assert len(kmock[PODS]["post"]) == 1
+
+
+async def test_spec_update_replaces_outdated_pods(kmock, state) -> None:
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    index = _index_from_kmock(kmock)
+    new_spec = {**SPEC, "policy": "edf"}
+    result = await controller.sync_pods(state, OWNER, new_spec, _nodes("g1"), index)
+    assert [p.name for p in result.delete] == ["svc-g1"] and result.create == ()
+    assert _live_pods(kmock) == set()
+    # Once the old pod is gone from the index, the new one is created.
+    result = await controller.sync_pods(state, OWNER, new_spec, _nodes("g1"), {})
+    assert result.create == ("g1",)
+    (pod,) = [o.raw for (r, _, _), o in kmock.objects.items() if r == PODS and not o.deleted]
+    assert '"policy":"edf"' in pod["spec"]["containers"][0]["env"][0]["value"]
+
+
+async def test_invalid_spec_leaves_pods_alone(kmock, state) -> None:
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    before = len(kmock)
+    bad = {**SPEC, "slo": {"classOverrides": {"poetry": 2}}}
+    assert await controller.sync_pods(state, OWNER, bad, _nodes("g1", "g2"), {}) is None
+    assert len(kmock) == before
+    patch = controller.status_patch(state, OWNER, bad, 2, {}, _nodes("g1"), {})
+    ready = next(c for c in patch["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec"
+    assert ready["message"].startswith("spec.slo.classOverrides.poetry:")
+
+
+async def test_api_errors_are_reported_not_raised(kmock, state) -> None:
+    kmock["post", PODS] << 403 << {"kind": "Status", "message": "forbidden by policy"}
+    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    assert result.create == ("g1",)
+    assert state.services[OWNER.uid].expectations.apply([], 0.0) == []  # will retry
+
+
+async def test_kube_error_carries_the_server_message(kmock) -> None:
+    kube = Kube(str(kmock.url))
+    kmock["get /api/v1/namespaces/ns/pods/x"] << 500 << {"message": "etcd on fire"}
+    with pytest.raises(KubeError, match="etcd on fire"):
+        await kube.request("GET", "/api/v1/namespaces/ns/pods/x")
+    await kube.close()
+
+
+async def test_reconciler_loop_wakes_on_node_events_and_stops(kmock, state) -> None:
+    nodes: dict[str, list[GpuNode]] = {}
+    body = {"metadata": {"name": "svc", "namespace": "ns", "uid": "uid-1"}, "spec": SPEC}
+
+    class Stop:
+        flag = False
+
+        def __bool__(self) -> bool:
+            return self.flag
+
+    stop = Stop()
+    task = asyncio.create_task(
+        controller.run_reconciler(state, OWNER, body, lambda: (nodes, {}), stop)
+    )
+    await asyncio.sleep(0.2)
+    assert _live_pods(kmock) == set()
+    node = GpuNode("g9", {})
+    nodes["g9"] = [node]
+    state.node_event(node)  # what the indexer does
+    for _ in range(50):
+        if _live_pods(kmock):
+            break
+        await asyncio.sleep(0.05)
+    assert _live_pods(kmock) == {"svc-g9"}  # well before the 1 s resync
+    stop.flag = True
+    state.wake_all()
+    await asyncio.wait_for(task, timeout=5)
+
+
+async def test_handlers_module_registers_the_contract() -> None:
+    from kopf._core.intents import registries
+
+    registry = registries.get_default_registry()
+    indexers = {h.id for h in registry._indexing.get_all_handlers()}
+    assert {handlers.NODES_INDEX, handlers.PODS_INDEX} <= indexers
+    spawning = {h.id for h in registry._spawning.get_all_handlers()}
+    assert {"reconcile_pods", "aggregate_status"} <= spawning
+    def on_nodes(h: Any) -> bool:
+        return "nodes" in (h.selector.any_name, h.selector.plural)
+
+    assert [h.id for h in registry._indexing.get_all_handlers() if on_nodes(h)] == ["gpu_nodes"]
+    # Nothing else touches Nodes: no change/spawn/watch handler, hence no annotation/finalizer.
+    for reg in (registry._changing, registry._spawning, registry._watching):
+        assert [h.id for h in reg.get_all_handlers() if on_nodes(h)] == []
+
+
+async def test_settings_configure_and_env() -> None:
+    import kopf
+
+    s = kopf.OperatorSettings()
+    settings.configure(s)
+    assert s.peering.standalone is True
+    assert s.persistence.finalizer == "horizonserve.io/finalizer"
+    assert s.watching.server_timeout == 300 and s.watching.client_timeout > 300
+    cfg = settings.OperatorConfig.from_env(
+        {
+            "HORIZONSERVE_NAMESPACE": "serving",
+            "HORIZONSERVE_SERVING_IMAGE": "img:2",
+            "HORIZONSERVE_LOG_LEVEL": "debug",
+        }
+    )
+    assert (cfg.namespace, cfg.serving_image, cfg.log_level) == ("serving", "img:2", "DEBUG")
+    assert settings.OperatorConfig.from_env({}).namespace == ""
+    with pytest.raises(ValueError, match="HORIZONSERVE_STATUS_INTERVAL"):
+        settings.OperatorConfig.from_env({"HORIZONSERVE_STATUS_INTERVAL": "-1"})
