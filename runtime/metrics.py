@@ -7,6 +7,7 @@ Metric names are prefixed `horizonserve_`.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,35 +21,44 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0,
 class ClassAttainment:
     requests: int
     met: int
+    p95_s: float
 
     @property
     def attainment(self) -> float | None:
         return self.met / self.requests if self.requests else None
 
 
+def p95(values: list[float]) -> float:
+    """Nearest-rank 95th percentile of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
 class AttainmentWindow:
     """SLO attainment per class over the last `window_s` seconds of first responses."""
 
-    __slots__ = ("_events", "_window_s")
+    __slots__ = ("_events", "window_s")
 
     def __init__(self, window_s: float = 300.0) -> None:
-        self._window_s = window_s
-        self._events: deque[tuple[float, str, bool]] = deque()
+        self.window_s = window_s
+        self._events: deque[tuple[float, str, bool, float]] = deque()
 
-    def record(self, now: float, class_name: str, met: bool) -> None:
-        self._events.append((now, class_name, met))
+    def record(self, now: float, class_name: str, met: bool, latency_s: float) -> None:
+        self._events.append((now, class_name, met, latency_s))
 
     def snapshot(self, now: float) -> dict[str, ClassAttainment]:
         events = self._events
-        horizon = now - self._window_s
+        horizon = now - self.window_s
         while events and events[0][0] < horizon:
             events.popleft()
-        counts: dict[str, list[int]] = {}
-        for _, name, met in events:
-            c = counts.setdefault(name, [0, 0])
-            c[0] += 1
-            c[1] += met
-        return {name: ClassAttainment(n, m) for name, (n, m) in counts.items()}
+        latencies: dict[str, list[float]] = {}
+        met: dict[str, int] = {}
+        for _, name, ok, latency in events:
+            latencies.setdefault(name, []).append(latency)
+            met[name] = met.get(name, 0) + ok
+        return {
+            name: ClassAttainment(len(lat), met[name], p95(lat)) for name, lat in latencies.items()
+        }
 
 
 class MetricsRecorder:
@@ -98,7 +108,7 @@ class MetricsRecorder:
         met = latency_s <= slo_s
         self.first_response.labels(class_name).observe(latency_s)
         self.requests.labels(class_name, "met" if met else "missed").inc()
-        self.window.record(now, class_name, met)
+        self.window.record(now, class_name, met, latency_s)
 
     def step(
         self, shared_sms: int, downstream_sms: int, pressure: float | None, waiting: int

@@ -17,6 +17,7 @@ def test_first_responses_feed_counters_histogram_and_attainment() -> None:
     snap = m.refresh_attainment(4.0)
     assert snap["text"].attainment == 0.5
     assert snap["speech"].attainment == 1.0
+    assert snap["text"].p95_s == 0.9
     r = m.registry
     assert (
         r.get_sample_value(
@@ -42,7 +43,8 @@ def test_step_gauges_and_unknown_pressure() -> None:
 
 def test_window_forgets_old_responses() -> None:
     w = AttainmentWindow(window_s=5.0)
-    w.record(0.0, "text", False)
-    w.record(6.0, "text", True)
+    w.record(0.0, "text", False, 0.9)
+    w.record(6.0, "text", True, 0.1)
     assert w.snapshot(6.5)["text"].requests == 1
+    assert w.snapshot(6.5)["text"].p95_s == 0.1
     assert w.snapshot(20.0) == {}

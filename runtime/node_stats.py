@@ -1,0 +1,65 @@
+"""Per-class first-response statistics handed from the serving process to the node sidecar.
+
+The serving process (reference pipeline or the vLLM-Omni plugin) rewrites one small JSON file
+in the pod's shared memory volume; the sidecar reads it to publish the node summary. Writes are
+atomic (temp file + rename), so the reader sees the old or the new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from horizonserve.runtime.config import ClassSummary, SloTable
+from horizonserve.runtime.metrics import MetricsRecorder
+
+STATS_FILE_ENV = "HORIZONSERVE_STATS_FILE"
+DEFAULT_STATS_FILE = "/dev/shm/horizonserve/node-stats.json"
+
+
+def stats_path() -> Path:
+    return Path(os.environ.get(STATS_FILE_ENV, DEFAULT_STATS_FILE))
+
+
+def class_summaries(recorder: MetricsRecorder, slo: SloTable, now: float) -> list[ClassSummary]:
+    """One entry per configured class, in table order (zero counts for silent classes)."""
+    snap = recorder.refresh_attainment(now)
+    out = []
+    for cls in slo.classes:
+        ca = snap.get(cls.name)
+        out.append(
+            ClassSummary(
+                name=cls.name,
+                priority=cls.priority,
+                requests=ca.requests if ca else 0,
+                met=ca.met if ca else 0,
+                p95_s=ca.p95_s if ca else None,
+                target_s=slo.target_s(cls.name),
+            )
+        )
+    return out
+
+
+def write_stats(path: Path, classes: list[ClassSummary], window_s: float, unix_now: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "timestamp": unix_now,
+        "window_s": window_s,
+        "classes": [c.model_dump(mode="json") for c in classes],
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".stats-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def read_stats(path: Path) -> tuple[list[ClassSummary], float, float] | None:
+    """(classes, window_s, timestamp), or None when the serving process has not written yet."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    classes = [ClassSummary.model_validate(c) for c in doc["classes"]]
+    return classes, float(doc["window_s"]), float(doc["timestamp"])
