@@ -1,0 +1,1 @@
+"""Stage backends: `reference` (a real multi-process torch pipeline) and `vllm_omni` (plugin)."""

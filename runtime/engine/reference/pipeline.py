@@ -1,0 +1,464 @@
+"""The front process's view of the pipeline: spawns the stage processes, routes requests in,
+collects events out, and shuts everything down.
+
+    Pipeline.start()   control record in /dev/shm; one spawned process per stage (shared,
+                       speech, image); waits until every stage reported READY
+    Pipeline.submit()  class lookup + arrival stamp, then onto the shared stage's queue;
+                       returns a RequestHandle whose events fire at first response / done
+    Pipeline.stop()    sentinel to every stage, join, terminate stragglers, remove the record
+
+A collector thread turns stage events into request records, metrics (MetricsRecorder) and the
+shared stage's step trace (SM split, pressure, batch, timings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from horizonserve.runtime.config import Path, PolicyName, Priority, ServingConfig
+from horizonserve.runtime.engine.reference.defaults import reference_config
+from horizonserve.runtime.engine.reference.protocol import (
+    DONE,
+    ERROR,
+    FIRST,
+    HANDOFF,
+    IMAGE,
+    READY,
+    SPEECH,
+    STOPPED,
+    TRACE,
+    TRACE_COLUMNS,
+    Admit,
+    Event,
+    RequestSpec,
+)
+from horizonserve.runtime.engine.reference.stages import run_stage
+from horizonserve.runtime.engine.reference.stages.common import StageConfig
+from horizonserve.runtime.metrics import MetricsRecorder
+from horizonserve.runtime.monitor import ControlRecord, shm_path
+from horizonserve.runtime.profiler import RequestProfiler
+
+log = logging.getLogger(__name__)
+
+DOWNSTREAM_STAGES = (SPEECH, IMAGE)
+_CAPPED_POLICIES = {"horizon", "horizon-no-rotation"}
+
+
+@dataclass
+class PipelineOptions:
+    preset: str = "tiny"
+    device: str = "auto"  # auto: cuda:0 when a GPU is visible, else cpu
+    policy: str = "horizon"
+    config: ServingConfig | None = None  # default: reference classes + default ladder
+    downstream: tuple[str, ...] = DOWNSTREAM_STAGES
+    mps: bool = False  # GPU-sharing mode of the MPS baselines
+    seed: int = 0
+    threads: int = 1  # torch threads per stage (CPU)
+    warmup: bool = True
+    startup_timeout_s: float = 900.0
+    trace_interval_s: float = 0.25
+    limits: dict[str, int] = field(default_factory=dict)  # thinker max_batch / max_len / …
+    history: int = 100_000  # finished request records and trace rows kept
+
+
+@dataclass
+class RequestRecord:
+    """One request as the front process saw it (times: monotonic seconds)."""
+
+    rid: str
+    class_name: str
+    priority: int
+    path: str
+    metric: str
+    slo_s: float
+    arrival: float
+    scheduled: float | None = None  # prompt entered a shared-stage batch
+    first: float | None = None  # first response
+    handoff: float | None = None  # left the shared stage (long path)
+    done: float | None = None
+    shared_tpot_s: float | None = None
+    shared_tokens: int | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queueing_s(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def first_response_s(self) -> float | None:
+        return None if self.first is None else self.first - self.arrival
+
+    @property
+    def slo_met(self) -> bool | None:
+        fr = self.first_response_s
+        return None if fr is None else fr <= self.slo_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "class": self.class_name,
+            "priority": self.priority,
+            "path": self.path,
+            "metric": self.metric,
+            "slo_s": self.slo_s,
+            "arrival": self.arrival,
+            "queueing_s": self.queueing_s,
+            "first_response_s": self.first_response_s,
+            "slo_met": self.slo_met,
+            "handoff_s": None if self.handoff is None else self.handoff - self.arrival,
+            "done_s": None if self.done is None else self.done - self.arrival,
+            "shared_tpot_s": self.shared_tpot_s,
+            "shared_tokens": self.shared_tokens,
+            "error": self.error,
+            **({"info": self.info} if self.info else {}),
+        }
+
+
+class RequestHandle:
+    __slots__ = ("done", "first", "record")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.first = threading.Event()
+        self.done = threading.Event()
+
+    def wait_first(self, timeout: float | None = None) -> bool:
+        return self.first.wait(timeout)
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class PipelineError(RuntimeError):
+    pass
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def device_sms(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
+
+
+class Pipeline:
+    def __init__(self, options: PipelineOptions | None = None) -> None:
+        self.options = options or PipelineOptions()
+        self.device = ""
+        self.config: ServingConfig | None = None
+        self.metrics = MetricsRecorder()
+        self.stage_info: dict[str, dict[str, Any]] = {}
+        self.trace: deque[tuple[Any, ...]] = deque(maxlen=self.options.history)
+        self.trace_received_t = 0.0  # stage-side send time of the newest trace batch
+        self.finished: deque[RequestRecord] = deque(maxlen=self.options.history)
+        self.errors: list[str] = []
+        self._handles: dict[str, RequestHandle] = {}
+        self._lock = threading.Lock()
+        self._procs: dict[str, Any] = {}
+        self._queues: dict[str, Any] = {}
+        self._events: Any = None
+        self._record: ControlRecord | None = None
+        self._profiler: RequestProfiler | None = None
+        self._collector: threading.Thread | None = None
+        self._running = False
+        self._ready = threading.Condition(self._lock)
+        self._stopped: set[str] = set()
+        self._mps: Any = None
+        self.on_event: Callable[[Event], None] | None = None  # test hook
+        self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def start(self) -> Pipeline:
+        opts = self.options
+        for name in opts.downstream:
+            if name not in DOWNSTREAM_STAGES:
+                raise ValueError(f"downstream: unknown stage {name!r}; use speech and/or image")
+        self.device = resolve_device(opts.device)
+        if opts.mps:
+            self._start_mps()
+        sms = device_sms(self.device)
+        config = opts.config or reference_config(opts.preset, total_sms=sms or 132)
+        if opts.policy:
+            config = config.model_copy(update={"policy": PolicyName(opts.policy)})
+        if sms is not None and config.ladder.total != sms:
+            log.warning("ladder total %d SMs, device has %d", config.ladder.total, sms)
+        self.config = config
+        self._profiler = RequestProfiler(config.slo, config.control.u_guard)
+
+        name = f"horizonserve-control-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._record = ControlRecord.create(shm_path(name), n_slots=len(DOWNSTREAM_STAGES))
+        capped = self.device.startswith("cuda") and config.policy.value in _CAPPED_POLICIES
+        base = StageConfig(
+            preset=opts.preset,
+            device=self.device,
+            serving_json=config.model_dump_json(),
+            record_path=str(self._record.path),
+            capped=capped,
+            seed=opts.seed,
+            threads=opts.threads,
+            trace_interval_s=opts.trace_interval_s,
+            warmup=opts.warmup,
+            limits=dict(opts.limits),
+        )
+        ctx = mp.get_context("spawn")
+        self._events = ctx.Queue()
+        self._queues = {"shared": ctx.Queue()}
+        for name in opts.downstream:
+            self._queues[name] = ctx.Queue()
+        handoff_qs = {n: self._queues[n] for n in opts.downstream}
+        procs = {
+            "shared": ctx.Process(
+                target=run_stage,
+                args=("shared", base, self._queues["shared"], self._events, handoff_qs),
+                name="horizonserve-shared",
+                daemon=True,
+            )
+        }
+        for name in opts.downstream:
+            slot = DOWNSTREAM_STAGES.index(name)
+            cfg = replace(base, downstream_slot=slot, seed=opts.seed + slot + 1)
+            procs[name] = ctx.Process(
+                target=run_stage,
+                args=(name, cfg, self._queues[name], self._events),
+                name=f"horizonserve-{name}",
+                daemon=True,
+            )
+        self._procs = procs
+        self._running = True
+        self.stage_pids = []
+        self._collector = threading.Thread(target=self._collect, name="events", daemon=True)
+        self._collector.start()
+        for p in procs.values():
+            p.start()
+            self.stage_pids.append(p.pid)
+        try:
+            self._wait_ready(opts.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while set(self.stage_info) != set(self._procs):
+                if self.errors:
+                    raise PipelineError(f"stage failed during start-up: {self.errors[0]}")
+                dead = [n for n, p in self._procs.items() if p.exitcode is not None]
+                if dead:
+                    raise PipelineError(f"stage process exited during start-up: {dead}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(self._procs) - set(self.stage_info))
+                    raise PipelineError(f"stages not ready after {timeout:.0f} s: {missing}")
+                self._ready.wait(min(left, 0.2))
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every stage; never leaves a stage process behind."""
+        if not self._procs:
+            return
+        for q in self._queues.values():
+            with contextlib.suppress(ValueError, OSError):
+                q.put(None)
+        deadline = time.monotonic() + timeout
+        for p in self._procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs.values():
+            if p.is_alive():
+                log.warning("stage process %s did not stop; terminating", p.name)
+                p.terminate()
+                p.join(5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        self._running = False
+        if self._collector is not None:
+            self._collector.join(5.0)
+        for q in [*self._queues.values(), self._events]:
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
+        with self._lock:
+            for h in self._handles.values():
+                if not h.done.is_set():
+                    h.record.error = h.record.error or "pipeline stopped"
+                    h.first.set()
+                    h.done.set()
+        if self._record is not None:
+            self._record.close()
+            self._record.unlink()
+            self._record = None
+        if self._mps is not None:
+            self._stop_mps()
+        self._procs = {}
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- MPS (baselines' GPU-sharing mode) --------------------------------------------------------
+    def _start_mps(self) -> None:
+        try:
+            from horizonserve.runtime.gpu import mps  # type: ignore[attr-defined]
+        except ImportError as exc:
+            log.warning("MPS mode requested but runtime.gpu.mps is unavailable: %s", exc)
+            return
+        self._mps = mps.start()  # type: ignore[attr-defined]
+
+    def _stop_mps(self) -> None:
+        stop = getattr(self._mps, "stop", None)
+        if stop is not None:
+            stop()
+        self._mps = None
+
+    # -- requests ---------------------------------------------------------------------------
+    def submit(self, spec: RequestSpec, arrival: float | None = None) -> RequestHandle:
+        """Send a request to the shared stage; raises ValueError for an unservable request."""
+        if not self._running or self._profiler is None:
+            raise PipelineError("pipeline is not running")
+        costs = self._profiler.costs(priority=spec.priority, class_name=spec.class_name)
+        cls = costs.cls
+        downstream: str | None = None
+        if cls.path is Path.LONG:
+            downstream = SPEECH if cls.priority is Priority.AUDIO else IMAGE
+            if downstream not in self._procs:
+                raise ValueError(f"class {cls.name!r} needs the {downstream} stage, not running")
+        arrival = time.monotonic() if arrival is None else arrival
+        record = RequestRecord(
+            spec.rid,
+            cls.name,
+            int(cls.priority),
+            cls.path.value,
+            cls.metric.value,
+            costs.target_s,
+            arrival,
+        )
+        handle = RequestHandle(record)
+        with self._lock:
+            if spec.rid in self._handles:
+                raise ValueError(f"request id {spec.rid!r} is already in flight")
+            self._handles[spec.rid] = handle
+        self._queues["shared"].put(Admit(spec, arrival, downstream))
+        return handle
+
+    def health(self) -> dict[str, Any]:
+        stages = {
+            name: {"alive": p.is_alive(), "pid": p.pid, "ready": name in self.stage_info}
+            for name, p in self._procs.items()
+        }
+        ok = bool(stages) and all(s["alive"] and s["ready"] for s in stages.values())
+        return {"ok": ok and not self.errors, "stages": stages, "errors": self.errors[-5:]}
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def wait_trace(self, until: float, timeout: float = 2.0) -> bool:
+        """Wait until the shared stage sent trace rows at or after `until` (monotonic)."""
+        deadline = time.monotonic() + timeout
+        while self.trace_received_t < until:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def trace_dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(TRACE_COLUMNS, row, strict=True)) for row in list(self.trace)]
+
+    # -- events -----------------------------------------------------------------------------
+    def _collect(self) -> None:
+        while self._running or not self._events.empty():
+            try:
+                event = self._events.get(timeout=0.1)
+            except (queue.Empty, EOFError, OSError, ValueError):
+                if not self._running:
+                    return
+                continue
+            try:
+                self._on_event(event)
+            except Exception:
+                log.exception("bad event %r", event)
+
+    def _on_event(self, ev: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(ev)
+        kind = ev.kind
+        if kind == TRACE:
+            rows = ev.data["rows"]
+            self.trace.extend(rows)
+            self.trace_received_t = ev.t
+            last = rows[-1]
+            pressure = last[4]
+            self.metrics.step(last[1], last[2], pressure, last[10])
+            return
+        if kind in (READY, STOPPED, ERROR) and ev.rid is None:
+            with self._ready:
+                if kind == READY:
+                    self.stage_info[ev.stage] = ev.data
+                elif kind == STOPPED:
+                    self._stopped.add(ev.stage)
+                    self.stage_info.setdefault(ev.stage, {})["stopped"] = ev.data
+                else:
+                    self.errors.append(f"{ev.stage}: {ev.data.get('message')}")
+                    log.error("stage %s failed: %s", ev.stage, ev.data.get("message"))
+                self._ready.notify_all()
+            return
+        with self._lock:
+            handle = self._handles.get(ev.rid or "")
+        if handle is None:
+            return
+        rec = handle.record
+        data = ev.data
+        if "scheduled" in data and not math.isnan(data["scheduled"]):
+            rec.scheduled = data["scheduled"]
+        if kind == FIRST:
+            if rec.first is None:
+                rec.first = ev.t
+                rec.info.update({k: v for k, v in data.items() if k != "scheduled"})
+                self.metrics.first_response_at(ev.t, rec.class_name, ev.t - rec.arrival, rec.slo_s)
+            handle.first.set()
+        elif kind == HANDOFF:
+            rec.handoff = ev.t
+            rec.shared_tpot_s = data.get("tpot")
+            rec.shared_tokens = data.get("tokens")
+        elif kind == DONE:
+            rec.done = ev.t
+            if ev.stage == "shared":
+                rec.shared_tpot_s = data.get("tpot")
+                rec.shared_tokens = data.get("tokens")
+            self._retire(handle)
+        elif kind == ERROR:
+            rec.error = str(data.get("message"))
+            self._retire(handle)
+
+    def _retire(self, handle: RequestHandle) -> None:
+        with self._lock:
+            self._handles.pop(handle.record.rid, None)
+        self.finished.append(handle.record)
+        handle.first.set()
+        handle.done.set()

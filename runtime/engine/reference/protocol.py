@@ -1,0 +1,112 @@
+"""Messages between the front process and the stage processes (plain picklable dataclasses).
+
+    front ──RequestSpec+arrival──▶ shared stage ──Handoff──▶ speech / image stage
+      ▲                                 │                           │
+      └──────────── Event (ready, first, handoff, done, trace, error, stopped) ◀──┘
+
+Times are `time.monotonic()` seconds: CLOCK_MONOTONIC is one clock for every process of a
+Linux host, so a stamp taken in one process is comparable in another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# Event kinds.
+READY = "ready"  # a stage finished start-up (data: memory, dims)
+FIRST = "first"  # first response: first token / first audio chunk / finished image
+HANDOFF = "handoff"  # the shared stage handed a long-path request downstream
+DONE = "done"  # the request left the stage that finishes it
+TRACE = "trace"  # shared-stage step rows (data["rows"])
+ERROR = "error"  # a stage failed (data["message"]); rid set when one request failed
+STOPPED = "stopped"  # a stage left its loop
+
+SPEECH = "speech"
+
+# Columns of one shared-stage trace row (one per iteration).
+TRACE_COLUMNS = (
+    "t",
+    "shared_sms",
+    "downstream_sms",
+    "level",
+    "pressure",
+    "decode_batch",
+    "prefill_batch",
+    "prefill_tokens",
+    "prefill_s",
+    "decode_s",
+    "waiting",
+    "downstream_active",
+    "phase",
+)
+IMAGE = "image"
+
+
+@dataclass(slots=True, frozen=True)
+class RequestSpec:
+    """What a request asks for; lengths come from the workload trace."""
+
+    rid: str
+    priority: int | None = None  # API code: 0 text, 10 audio, 20 image
+    class_name: str | None = None  # explicit class (takes precedence over priority)
+    input_tokens: int = 64
+    audio_seconds: float = 0.0
+    images: int = 0
+    output_tokens: int = 16  # shared-stage (thinker) tokens
+    downstream_tokens: int | None = None  # talker codes (speech) / denoising steps (image)
+
+
+@dataclass(slots=True, frozen=True)
+class Admit:
+    spec: RequestSpec
+    arrival: float  # monotonic stamp taken by the front process
+    downstream: str | None  # SPEECH / IMAGE for long-path classes, None for short-path
+
+
+@dataclass(slots=True, frozen=True)
+class WireTensor:
+    """A tensor passed by value (raw bytes), so no shared-memory handle outlives a message."""
+
+    data: bytes
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> WireTensor:
+        import torch  # the front process never needs torch
+
+        t = tensor.detach().contiguous().cpu()
+        raw = t.view(-1).view(torch.uint8).numpy().tobytes()
+        return cls(raw, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+
+    def to(self, device: torch.device | str) -> torch.Tensor:
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        buf = torch.from_numpy(np.frombuffer(self.data, dtype=np.uint8).copy())
+        return buf.view(dtype).reshape(self.shape).to(device)
+
+
+@dataclass(slots=True, frozen=True)
+class Handoff:
+    """A long-path request leaving the shared stage, with its conditioning hidden states."""
+
+    rid: str
+    arrival: float
+    cond: WireTensor  # [L, thinker_hidden]
+    target: int | None  # talker codes / denoising steps (None: the preset's default)
+
+
+@dataclass(slots=True)
+class Event:
+    kind: str
+    stage: str
+    t: float
+    rid: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)

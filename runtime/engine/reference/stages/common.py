@@ -1,0 +1,95 @@
+"""What every stage process shares: its configuration, torch set-up, queue and parent handling."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+from dataclasses import dataclass, field
+from typing import Any
+
+from horizonserve.runtime.engine.reference.presets import PipelinePreset, get_preset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    """Everything a stage process needs; picklable, built by the front process."""
+
+    preset: str
+    device: str  # "cpu" or "cuda:N"
+    serving_json: str  # ServingConfig as JSON (the shared stage builds its policy from it)
+    record_path: str  # the control record in /dev/shm
+    capped: bool  # apply the SM ladder (False: baselines, no-throttling ablation, CPU)
+    downstream_slot: int = 0  # control-record slot a downstream stage writes
+    seed: int = 0
+    threads: int = 1  # torch intra-op threads (CPU runs)
+    trace_interval_s: float = 0.25
+    heartbeat_max_age_s: float = 2.0  # downstream slots older than this count as inactive
+    warmup: bool = True
+    limits: dict[str, int] = field(default_factory=dict)  # thinker limit overrides
+
+    def get_preset(self) -> PipelinePreset:
+        return get_preset(self.preset, **self.limits)
+
+
+def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
+    """Seed, threads, default device; returns (device, dtype): bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        return device, torch.bfloat16
+    torch.set_num_threads(max(1, cfg.threads))
+    return device, torch.float32
+
+
+def memory_info(device: Any) -> dict[str, float]:
+    """GiB allocated / reserved by this process on a CUDA device (empty on CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    return {
+        "allocated_gib": torch.cuda.memory_allocated(device) / 2**30,
+        "reserved_gib": torch.cuda.memory_reserved(device) / 2**30,
+        "max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+    }
+
+
+def drain(q: Any, *, block: bool, timeout: float = 0.05, limit: int = 256) -> list[Any]:
+    """Messages waiting on `q` (waits up to `timeout` for the first one when `block`)."""
+    out: list[Any] = []
+    try:
+        out.append(q.get(timeout=timeout) if block else q.get_nowait())
+    except queue.Empty:
+        return out
+    while len(out) < limit:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            break
+    return out
+
+
+class ParentWatch:
+    """True once the front process is gone, so a stage never outlives it as an orphan."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        self._parent = mp.parent_process()
+        self._ppid = os.getppid()
+        self._every = every_s
+        self._next = 0.0
+
+    def gone(self, now: float) -> bool:
+        if now < self._next:
+            return False
+        self._next = now + self._every
+        if os.getppid() != self._ppid:
+            return True
+        return self._parent is not None and not self._parent.is_alive()

@@ -1,0 +1,122 @@
+"""The loop every downstream stage process runs around its stage object.
+
+Per iteration: take hand-offs from the inbound queue, publish the in-flight count in this
+stage's control-record slot (the shared stage reads it as downstream activity), activate the
+complementary SM level read from the record's decision group, run one stage iteration, publish
+again. While idle it refreshes its heartbeat every `IDLE_BEAT_S`.
+
+Complementary ladder: this process pre-allocates a context for `S_tot − s` for every level
+`s` the shared stage may take (the co-running levels and S_aggr), so the split always sums to
+the GPU. Right after a stage becomes active the shared stage may still hold S_aggr (headroom
+0) for one step; the downstream stage then runs on `S_tot − S_cap`, the headroom it is
+guaranteed once the shared stage reacts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from horizonserve.runtime.config import ServingConfig
+from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap
+from horizonserve.runtime.engine.reference.protocol import READY, STOPPED, Event
+from horizonserve.runtime.engine.reference.stages.common import (
+    ParentWatch,
+    StageConfig,
+    drain,
+    memory_info,
+    setup_torch,
+)
+from horizonserve.runtime.monitor import ControlRecord
+from horizonserve.runtime.spatial import UNCAPPED
+
+IDLE_BEAT_S = 0.1
+STAGE_KIND = {"speech": 1, "image": 2}  # control-record slot kind codes
+
+
+class DownstreamStage(Protocol):
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    def submit(self, msg: Any) -> None: ...
+
+    def iterate(self) -> None: ...
+
+
+def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
+    """SM counts a downstream process pre-allocates: S_tot − s for each shared level s."""
+    if not capped:
+        return []
+    ladder = config.ladder
+    shared = {*ladder.levels, ladder.aggressive}
+    return sorted({ladder.total - s for s in shared} - {0, ladder.total})
+
+
+def pick_level(levels: list[int], sms: int) -> int:
+    """The largest pre-allocated level ≤ `sms` (the smallest level when none is)."""
+    best = levels[0]
+    for level in levels:
+        if level <= sms:
+            best = level
+    return best
+
+
+class DownstreamLoop:
+    def __init__(self, cfg: StageConfig, name: str, in_q: Any, events: Any) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.in_q = in_q
+        self.events = events
+        self.device, self.dtype = setup_torch(cfg)
+        self.preset = cfg.get_preset()
+        self.config = ServingConfig.model_validate_json(cfg.serving_json)
+        self.record = ControlRecord.open(cfg.record_path)
+        self.writer = self.record.downstream_writer(cfg.downstream_slot, STAGE_KIND.get(name, 1))
+        self.levels = complementary_levels(self.config, cfg.capped)
+        self.sm = open_sm_cap(self.device.type, self.device.index or 0, self.levels)
+        self._fallback = self.config.ladder.total - self.config.ladder.s_cap
+
+    def warmup_levels(self) -> tuple[int | None, ...]:
+        return (None, *getattr(self.sm, "levels", ()))
+
+    def sms_now(self) -> int | None:
+        """SMs for the next iteration: the published headroom, snapped to a level."""
+        if not self.levels:
+            return None
+        d = self.record.read_decision()
+        if d.steps == 0 or d.level_index == UNCAPPED:
+            return None
+        sms = d.downstream_sms if d.downstream_sms > 0 else self._fallback
+        return pick_level(self.levels, sms)
+
+    def serve(self, stage: DownstreamStage, info: dict[str, Any]) -> None:
+        info = {**info, "sm_levels": self.levels, "sm_cap": type(self.sm).__name__}
+        info.update(memory_info(self.device))
+        self.events.put(Event(READY, self.name, time.monotonic(), data=info))
+        watch = ParentWatch()
+        beat = 0.0
+        while True:
+            msgs = drain(self.in_q, block=stage.idle)
+            stop = False
+            for msg in msgs:
+                if msg is None:
+                    stop = True
+                else:
+                    stage.submit(msg)
+            now = time.monotonic()
+            if stop or watch.gone(now):
+                break
+            if msgs or not stage.idle or now - beat > IDLE_BEAT_S:
+                self.writer.set_active(stage.in_flight, time.monotonic_ns())
+                beat = now
+            if not stage.idle:
+                self.sm.activate(self.sms_now())
+                stage.iterate()
+                self.writer.set_active(stage.in_flight, time.monotonic_ns())
+        self.writer.set_active(0, time.monotonic_ns())
+        self.events.put(Event(STOPPED, self.name, time.monotonic(), data=memory_info(self.device)))
+        self.sm.close()
+        self.record.close()

@@ -1,0 +1,136 @@
+"""Downstream image stage: a diffusion-transformer denoising loop with continuous batching.
+
+Each request is a latent of `patch_tokens` patches, conditioned on the thinker's last
+`cond_tokens` hidden states. Every iteration runs one denoising step (rectified-flow Euler
+update) for up to `dit_max_batch` images, each at its own step; new images join at any
+iteration. After its last step an image goes through the latent decoder: the finished image
+is the first (and only) response (end-to-end latency).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
+from horizonserve.runtime.engine.reference.presets import PipelinePreset
+from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
+
+STAGE = IMAGE
+
+
+@dataclass(slots=True)
+class ImageJob:
+    rid: str
+    cond: torch.Tensor  # [cond_tokens, thinker_hidden]
+    x: torch.Tensor  # [patch_tokens, latent_channels], noise at t = 1
+    steps: int
+    done_steps: int = 0
+
+
+class ImageStage:
+    def __init__(
+        self,
+        dit: DiT,
+        decoder: nn.Module,
+        preset: PipelinePreset,
+        *,
+        emit: Callable[[Event], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dit = dit
+        self.decoder = decoder
+        self.dims = preset.dit
+        self.max_batch = preset.dit_max_batch
+        p = next(dit.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.pending: deque[ImageJob] = deque()
+        self.active: list[ImageJob] = []
+        self.emit = emit
+        self._clock = clock
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending) + len(self.active)
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0
+
+    def submit(self, msg: Handoff) -> None:
+        d = self.dims
+        cond = msg.cond.to(self.device).to(self.dtype)[-d.cond_tokens :]
+        if cond.shape[0] < d.cond_tokens:  # left-pad short prompts with zeros
+            pad = cond.new_zeros(d.cond_tokens - cond.shape[0], cond.shape[1])
+            cond = torch.cat((pad, cond))
+        x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device, dtype=self.dtype)
+        steps = msg.target if msg.target else d.steps
+        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps)))
+
+    @torch.inference_mode()
+    def iterate(self) -> None:
+        while self.pending and len(self.active) < self.max_batch:
+            self.active.append(self.pending.popleft())
+        jobs = self.active
+        x = torch.stack([j.x for j in jobs])
+        t = torch.tensor([1.0 - j.done_steps / j.steps for j in jobs], device=self.device)
+        dt = torch.tensor([1.0 / j.steps for j in jobs], device=self.device, dtype=self.dtype)
+        v = self.dit(x, t, torch.stack([j.cond for j in jobs]))
+        x = x - dt.view(-1, 1, 1) * v
+        finished: list[int] = []
+        for i, j in enumerate(jobs):
+            j.x = x[i]
+            j.done_steps += 1
+            if j.done_steps >= j.steps:
+                finished.append(i)
+        if finished:
+            images = self.decoder(x[finished])
+            shape = list(images.shape[1:])
+            images.float().mean().item()  # host sync: the images exist now
+            t_done = self._clock()
+            for i in finished:
+                job = jobs[i]
+                data = {"steps": job.steps, "shape": shape}
+                self.emit(Event(FIRST, STAGE, t_done, job.rid, data))
+                self.emit(Event(DONE, STAGE, t_done, job.rid, data))
+            self.active = [j for j in jobs if j.done_steps < j.steps]
+        else:
+            x.view(-1)[0].item()  # host sync per step keeps the step time honest
+
+
+# -- process entry ----------------------------------------------------------------------------
+
+
+def main(cfg: Any, in_q: Any, events: Any) -> None:
+    """Process body of the image stage (see `stages.run_stage`)."""
+    from horizonserve.runtime.engine.reference.models import materialize
+    from horizonserve.runtime.engine.reference.protocol import WireTensor
+    from horizonserve.runtime.engine.reference.stages.downstream import DownstreamLoop
+
+    loop = DownstreamLoop(cfg, STAGE, in_q, events)
+    preset = loop.preset
+    device, dtype = loop.device, loop.dtype
+    t_load = time.monotonic()
+    dit = materialize(lambda: DiT(preset.dit, preset.thinker.hidden), device, dtype)
+    width = 128 if preset.name == "full" else 16
+    decoder = materialize(lambda: LatentDecoder(preset.dit.latent_channels, width), device, dtype)
+    sink: list[Event] = []
+    stage = ImageStage(dit, decoder, preset, emit=sink.append)
+    if cfg.warmup:
+        cond = WireTensor.of(torch.zeros(4, preset.thinker.hidden, dtype=dtype))
+        for level in loop.warmup_levels():
+            loop.sm.activate(level)
+            stage.submit(Handoff("warmup", 0.0, cond, 2))
+            while not stage.idle:
+                stage.iterate()
+        loop.sm.activate(None)
+    stage.emit = events.put
+    n_params = sum(p.numel() for p in dit.parameters())
+    info = {"params": n_params, "load_s": time.monotonic() - t_load}
+    loop.serve(stage, info)

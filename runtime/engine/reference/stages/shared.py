@@ -1,0 +1,323 @@
+"""Stage 0, the shared AR stage ("thinker"): the policy is its scheduler.
+
+One iteration (Algorithm 1, one shared-stage opportunity):
+  1. read downstream activity from the control record and sample memory pressure;
+  2. `policy.step` → the queue view and the SM split; activate the ladder level for the
+     shared SM count; publish the decision in the control record;
+  3. batch = every running sequence (one decode token each) + visible waiting prompts in view
+     order while KV slots and the prefill token budget allow; taken prompts leave the waiting
+     queue (`policy.dequeue`);
+  4. prefill, then decode; record progress on each request's signals; emit the first token of
+     short-path requests; hand long-path requests (hidden states of all their cached positions)
+     to their downstream stage once their shared-stage tokens are generated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from horizonserve.runtime.config import ServingConfig
+from horizonserve.runtime.engine.reference.ar import ArExecutor
+from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
+from horizonserve.runtime.engine.reference.gpu_control import SmCap
+from horizonserve.runtime.engine.reference.presets import PipelinePreset
+from horizonserve.runtime.engine.reference.protocol import (
+    DONE,
+    ERROR,
+    FIRST,
+    HANDOFF,
+    TRACE,
+    Admit,
+    Event,
+    Handoff,
+    WireTensor,
+)
+from horizonserve.runtime.policy import SchedulingPolicy, StepDecision
+from horizonserve.runtime.profiler import InputFeatures, RequestSignals
+from horizonserve.runtime.spatial import UNCAPPED
+
+STAGE = "shared"
+
+
+@dataclass(slots=True)
+class SharedJob:
+    sig: RequestSignals
+    admit: Admit
+    scheduled: float = math.nan  # when its prompt entered a batch
+
+
+def _signals(seq: Sequence) -> RequestSignals:
+    return seq.payload.sig  # type: ignore[no-any-return]
+
+
+def tpot_of(times: list[float]) -> float | None:
+    """Mean inter-token time after the first token (None with fewer than two tokens)."""
+    if len(times) < 2:
+        return None
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+class SharedStage:
+    """The shared stage's scheduling loop body; I/O goes through the callables given."""
+
+    def __init__(
+        self,
+        policy: SchedulingPolicy,
+        executor: ArExecutor,
+        preset: PipelinePreset,
+        config: ServingConfig,
+        *,
+        emit: Callable[[Event], None],
+        handoff: Callable[[str, Handoff], None],
+        downstream_active: Callable[[], int],
+        pressure: Callable[[], float | None],
+        publish: Callable[[StepDecision, float | None], None],
+        sm: SmCap,
+        trace_interval_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.executor = executor
+        self.preset = preset
+        self.batcher = ContinuousBatcher(preset.thinker_limits)
+        self.total_sms = config.ladder.total
+        self.waiting: dict[str, Sequence] = {}  # arrival order
+        self.steps = 0
+        self._emit = emit
+        self._handoff = handoff
+        self._downstream_active = downstream_active
+        self._pressure = pressure
+        self._publish = publish
+        self._sm = sm
+        self._clock = clock
+        self._trace: list[tuple[Any, ...]] = []
+        self._trace_every = trace_interval_s
+        self._trace_next = 0.0
+        self.last_plan_rids: list[str] = []  # prompts admitted by the last iteration (tests)
+
+    # -- requests ---------------------------------------------------------------------------
+    def prompt_len(self, admit: Admit) -> int:
+        s, p = admit.spec, self.preset
+        n = s.input_tokens + round(s.audio_seconds * p.tokens_per_audio_second)
+        return max(1, n + s.images * p.tokens_per_image)
+
+    def submit(self, admit: Admit) -> None:
+        s = admit.spec
+        try:
+            features = InputFeatures(s.input_tokens, s.audio_seconds, s.images)
+            sig = self.policy.admit(
+                s.rid,
+                admit.arrival,
+                priority=s.priority,
+                class_name=s.class_name,
+                features=features,
+            )
+        except (KeyError, ValueError) as exc:
+            self._emit(Event(ERROR, STAGE, self._clock(), s.rid, {"message": str(exc)}))
+            return
+        prompt, target = self.batcher.fit(self.prompt_len(admit), max(1, s.output_tokens))
+        self.waiting[s.rid] = Sequence(s.rid, prompt, target, SharedJob(sig, admit))
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and self.batcher.idle
+
+    # -- one iteration ------------------------------------------------------------------------
+    def iterate(self) -> StepDecision:
+        now = self._clock()
+        active = self._downstream_active()
+        sample = self._pressure()
+        decision = self.policy.step(now, downstream_active=active > 0, pressure_sample=sample)
+        sm = decision.sm
+        capped = sm.level != UNCAPPED and sm.shared < self.total_sms
+        self._sm.activate(sm.shared if capped else None)
+        self._publish(decision, sample)
+
+        plan = self.batcher.plan(decision.view.iter_visible(self.waiting.values(), _signals))
+        self.last_plan_rids = [seq.rid for seq in plan.prefill]
+        t0 = self._clock()
+        for seq in plan.prefill:
+            self.policy.dequeue(seq.payload.sig)
+            del self.waiting[seq.rid]
+            seq.payload.scheduled = t0
+
+        self.executor.prefill(plan.prefill)
+        t1 = self._clock()
+        self.executor.decode(plan.decode)
+        t2 = self._clock()
+
+        for seq in plan.prefill:
+            job: SharedJob = seq.payload
+            job.sig.record_progress(prefilled=True, decoded=1)
+            seq.token_times.append(t1)
+            if job.admit.downstream is None:
+                self._emit(Event(FIRST, STAGE, t1, seq.rid, {"scheduled": job.scheduled}))
+        for seq in plan.decode:
+            seq.payload.sig.record_progress(decoded=1)
+            seq.token_times.append(t2)
+        for seq in plan.prefill + plan.decode:
+            if seq.done:
+                self._finish(seq)
+
+        self.steps += 1
+        self._trace.append(
+            (
+                now,
+                sm.shared,
+                sm.downstream,
+                sm.level,
+                decision.pressure,
+                len(plan.decode),
+                len(plan.prefill),
+                plan.prefill_tokens,
+                t1 - t0,
+                t2 - t1,
+                len(self.waiting),
+                active,
+                decision.view.phase.value,
+            )
+        )
+        self.flush_trace()
+        return decision
+
+    def _finish(self, seq: Sequence) -> None:
+        job: SharedJob = seq.payload
+        t = self._clock()
+        data = {"scheduled": job.scheduled, "tpot": tpot_of(seq.token_times)}
+        data["tokens"] = seq.generated
+        target = job.admit.downstream
+        if target is not None:
+            dims = self.preset
+            keep = dims.dit.cond_tokens if target == "image" else None
+            cond = WireTensor.of(self.executor.hidden_of(seq, keep))
+            spec = job.admit.spec
+            self._handoff(target, Handoff(seq.rid, job.admit.arrival, cond, spec.downstream_tokens))
+            self._emit(Event(HANDOFF, STAGE, t, seq.rid, data))
+        else:
+            self._emit(Event(DONE, STAGE, t, seq.rid, data))
+        self.batcher.finish(seq)
+
+    def flush_trace(self, force: bool = False) -> None:
+        now = self._clock()
+        if self._trace and (force or now >= self._trace_next):
+            self._emit(Event(TRACE, STAGE, now, data={"rows": self._trace}))
+            self._trace = []
+            self._trace_next = now + self._trace_every
+
+
+# -- process entry ----------------------------------------------------------------------------
+
+
+def ladder_levels(config: ServingConfig, capped: bool) -> list[int]:
+    """SM counts this process pre-allocates contexts for (the whole GPU needs none)."""
+    if not capped:
+        return []
+    ladder = config.ladder
+    return sorted({*ladder.levels, ladder.aggressive} - {ladder.total})
+
+
+def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
+    """Process body of the shared stage (see `stages.run_stage`)."""
+    from horizonserve.runtime.engine.reference.gpu_control import (
+        open_pressure_sampler,
+        open_sm_cap,
+    )
+    from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
+    from horizonserve.runtime.engine.reference.protocol import READY, STOPPED
+    from horizonserve.runtime.engine.reference.stages.common import (
+        ParentWatch,
+        drain,
+        memory_info,
+        setup_torch,
+    )
+    from horizonserve.runtime.monitor import ControlRecord
+    from horizonserve.runtime.policy import make_policy
+
+    device, dtype = setup_torch(cfg)
+    preset = cfg.get_preset()
+    config = ServingConfig.model_validate_json(cfg.serving_json)
+    t_load = time.monotonic()
+    model = materialize(lambda: DecoderLM(preset.thinker), device, dtype)
+    executor = ArExecutor(model, preset.thinker_limits, keep_hidden=True)
+    policy = make_policy(config.policy, config)
+    record = ControlRecord.open(cfg.record_path)
+    writer = record.decision_writer()
+    index = device.index or 0
+    sm = open_sm_cap(device.type, index, ladder_levels(config, cfg.capped))
+    sampler = open_pressure_sampler(device.type, index)
+    max_age_ns = int(cfg.heartbeat_max_age_s * 1e9)
+    nan = math.nan
+
+    def downstream_active() -> int:
+        return record.downstream_active_total(time.monotonic_ns(), max_age_ns)
+
+    def publish(decision: StepDecision, raw: float | None) -> None:
+        s = decision.sm
+        smoothed = nan if decision.pressure is None else decision.pressure
+        writer.publish(
+            s.shared,
+            s.downstream,
+            s.level,
+            smoothed,
+            nan if raw is None else raw,
+            time.monotonic_ns(),
+        )
+
+    stage = SharedStage(
+        policy,
+        executor,
+        preset,
+        config,
+        emit=events.put,
+        handoff=lambda target, msg: handoff_qs[target].put(msg),
+        downstream_active=downstream_active,
+        pressure=sampler,
+        publish=publish,
+        sm=sm,
+        trace_interval_s=cfg.trace_interval_s,
+    )
+    if cfg.warmup:
+        warmup_ar(executor, stage.batcher, sm)
+    info = {
+        "params": preset.thinker.params(),
+        "load_s": time.monotonic() - t_load,
+        "kv_cache_gib": executor.cache.nbytes() / 2**30,
+        "sm_levels": list(getattr(sm, "levels", ())),
+        "sm_cap": type(sm).__name__,
+        **memory_info(device),
+    }
+    events.put(Event(READY, STAGE, time.monotonic(), data=info))
+    watch = ParentWatch()
+    while True:
+        stop = False
+        for msg in drain(in_q, block=stage.idle):
+            if msg is None:
+                stop = True
+            else:
+                stage.submit(msg)
+        if stop or watch.gone(time.monotonic()):
+            break
+        if stage.idle:
+            stage.flush_trace(force=True)
+        else:
+            stage.iterate()
+    stage.flush_trace(force=True)
+    events.put(Event(STOPPED, STAGE, time.monotonic(), data=memory_info(device)))
+    sm.close()
+    record.close()
+
+
+def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> None:
+    """One prefill + decode per SM level, so first requests pay no lazy initialisation."""
+    for level in (None, *getattr(sm, "levels", ())):
+        sm.activate(level)
+        seq = Sequence("warmup", min(32, batcher.limits.max_len // 2), 2)
+        plan = batcher.plan([seq])
+        executor.prefill(plan.prefill)
+        executor.decode(plan.prefill)
+        batcher.finish(seq)
+    sm.activate(None)

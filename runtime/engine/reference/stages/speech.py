@@ -1,0 +1,165 @@
+"""Downstream speech stage: talker (AR over codec codes) + code-to-waveform, one process.
+
+The talker is prompted with the thinker's hidden states (projected to its width) and decodes
+codec codes with its own continuous batch; every `code_chunk` codes of a request become one
+waveform chunk through `Code2Wav`. A request's first chunk is its first response (TTFO).
+The stage marks how many requests it has in flight in its control-record slot and runs its
+kernels on the complementary SM count the shared stage published.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from horizonserve.runtime.engine.reference.ar import ArExecutor
+from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
+from horizonserve.runtime.engine.reference.models import Code2Wav
+from horizonserve.runtime.engine.reference.presets import PipelinePreset
+from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, SPEECH, Event, Handoff
+
+STAGE = SPEECH
+DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no length
+
+
+@dataclass(slots=True)
+class SpeechJob:
+    handoff: Handoff
+    cond: torch.Tensor  # [L, thinker_hidden] on the device
+    codes: list[int] = field(default_factory=list)
+    emitted: int = 0  # codes already turned into waveform
+    chunks: int = 0
+    samples: int = 0
+
+
+class SpeechStage:
+    def __init__(
+        self,
+        talker: ArExecutor,
+        cond_proj: nn.Module,
+        code2wav: Code2Wav,
+        preset: PipelinePreset,
+        *,
+        emit: Callable[[Event], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.talker = talker
+        self.cond_proj = cond_proj
+        self.code2wav = code2wav
+        self.chunk = preset.code_chunk
+        self.batcher = ContinuousBatcher(preset.talker_limits)
+        self.pending: deque[Sequence] = deque()
+        self.emit = emit
+        self._clock = clock
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending) + len(self.batcher.running)
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0
+
+    def submit(self, msg: Handoff) -> None:
+        cond = msg.cond.to(self.talker.device).to(self.talker.dtype)
+        target = msg.target if msg.target else DEFAULT_CHUNKS * self.chunk
+        prompt, target = self.batcher.fit(cond.shape[0], target)
+        self.pending.append(Sequence(msg.rid, prompt, target, SpeechJob(msg, cond[-prompt:])))
+
+    @torch.inference_mode()
+    def iterate(self) -> None:
+        plan = self.batcher.plan(self.pending)
+        for _ in plan.prefill:
+            self.pending.popleft()
+        embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
+        self.talker.prefill(plan.prefill, embeds)
+        self.talker.decode(plan.decode)
+        ready: list[Sequence] = []
+        for seq in plan.prefill + plan.decode:
+            job: SpeechJob = seq.payload
+            job.codes.append(seq.last_token)
+            if len(job.codes) - job.emitted >= self.chunk or (
+                seq.done and job.emitted < seq.target
+            ):
+                ready.append(seq)
+        self._vocode(ready)
+        t = self._clock()
+        for seq in ready:
+            job = seq.payload
+            if job.chunks == 1:
+                self.emit(Event(FIRST, STAGE, t, seq.rid, {"samples": job.samples}))
+            if seq.done:
+                data = {"chunks": job.chunks, "codes": len(job.codes), "samples": job.samples}
+                self.emit(Event(DONE, STAGE, t, seq.rid, data))
+                self.batcher.finish(seq)
+
+    def _vocode(self, ready: list[Sequence]) -> None:
+        """Turn each ready request's next chunk of codes into waveform (batched by length)."""
+        by_len: dict[int, list[Sequence]] = {}
+        for seq in ready:
+            job: SpeechJob = seq.payload
+            n = min(self.chunk, len(job.codes) - job.emitted)
+            by_len.setdefault(n, []).append(seq)
+        device = self.talker.device
+        for n, group in by_len.items():
+            codes = torch.tensor(
+                [s.payload.codes[s.payload.emitted : s.payload.emitted + n] for s in group],
+                device=device,
+            )
+            codes = codes.clamp_(0, self.code2wav.dims.codebook - 1)
+            wav = self.code2wav(codes)
+            peak = wav.abs().amax(dim=1).tolist()  # host sync: the chunk exists now
+            for s, _ in zip(group, peak, strict=True):
+                s.payload.emitted += n
+                s.payload.chunks += 1
+                s.payload.samples += wav.shape[1]
+
+
+# -- process entry ----------------------------------------------------------------------------
+
+
+def main(cfg: Any, in_q: Any, events: Any) -> None:
+    """Process body of the speech stage (see `stages.run_stage`)."""
+    from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
+    from horizonserve.runtime.engine.reference.stages.downstream import DownstreamLoop
+
+    loop = DownstreamLoop(cfg, STAGE, in_q, events)
+    preset = loop.preset
+    device, dtype = loop.device, loop.dtype
+    t_load = time.monotonic()
+    talker_model = materialize(lambda: DecoderLM(preset.talker), device, dtype)
+    talker = ArExecutor(talker_model, preset.talker_limits, keep_hidden=False)
+    cond_proj = materialize(
+        lambda: nn.Linear(preset.thinker.hidden, preset.talker.hidden), device, dtype
+    )
+    code2wav = materialize(lambda: Code2Wav(preset.code2wav), device, dtype)
+    sink: list[Event] = []
+    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append)
+    if cfg.warmup:
+        h = preset.thinker.hidden
+        for level in loop.warmup_levels():
+            loop.sm.activate(level)
+            stage.submit(_warmup_handoff(h, 2 * preset.code_chunk, dtype))
+            while not stage.idle:
+                stage.iterate()
+        loop.sm.activate(None)
+    stage.emit = events.put
+    info = {
+        "params": preset.talker.params(),
+        "load_s": time.monotonic() - t_load,
+        "kv_cache_gib": talker.cache.nbytes() / 2**30,
+    }
+    loop.serve(stage, info)
+
+
+def _warmup_handoff(hidden: int, codes: int, dtype: torch.dtype) -> Handoff:
+    from horizonserve.runtime.engine.reference.protocol import WireTensor
+
+    cond = WireTensor.of(torch.zeros(16, hidden, dtype=dtype))
+    return Handoff("warmup", 0.0, cond, codes)

@@ -1,0 +1,157 @@
+"""The whole reference pipeline on CPU (tiny models): HTTP API, harness backend, shutdown.
+
+One pipeline (three spawned stage processes) serves the whole module; the last test stops it
+and checks that no stage process and no shared-memory record is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from horizonserve.runtime.engine.reference import (
+    PipelineOptions,
+    ReferenceBackend,
+    RequestSpec,
+    TimedRequest,
+)
+from horizonserve.runtime.engine.reference.server import ApiServer
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[ReferenceBackend]:
+    options = PipelineOptions(preset="tiny", device="cpu", policy="horizon", warmup=False)
+    with ReferenceBackend(options) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def server(backend: ReferenceBackend) -> Iterator[ApiServer]:
+    srv = ApiServer(backend.pipeline, "127.0.0.1", 0)
+    srv.serve_in_thread()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _call(server: ApiServer, path: str, body: Any = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method="POST" if data else "GET")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@pytest.mark.parametrize(
+    ("body", "cls", "metric"),
+    [
+        ({"priority": 0, "input_tokens": 24, "output_tokens": 6}, "text", "ttft"),
+        ({"priority": 10, "audio_seconds": 2.0, "output_tokens": 5}, "speech", "ttfo"),
+        ({"class": "image", "input_tokens": 8, "images": 1, "output_tokens": 3}, "image", "e2e"),
+    ],
+)
+def test_post_returns_at_first_response_of_each_modality(
+    server: ApiServer, body: dict[str, Any], cls: str, metric: str
+) -> None:
+    status, raw = _call(server, "/v1/requests", body)
+    assert status == 200, raw
+    out = json.loads(raw)
+    assert out["class"] == cls and out["metric"] == metric
+    assert 0 <= out["queueing_s"] <= out["first_response_s"]
+    assert out["slo_s"] > 0 and isinstance(out["slo_met"], bool)
+    if cls != "text":  # long path: handed off before its downstream stage responded
+        assert out["handoff_s"] is not None and out["handoff_s"] <= out["first_response_s"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"priority": 7},
+        {"input_tokens": 5},
+        {"priority": 0, "input_tokens": -1},
+        {"class": "nope"},
+        {"priority": 0, "bogus": 1},
+    ],
+)
+def test_bad_requests_are_rejected(server: ApiServer, body: dict[str, Any]) -> None:
+    status, raw = _call(server, "/v1/requests", body)
+    assert status == 400, raw
+    assert "error" in json.loads(raw)
+
+
+def test_healthz_and_metrics(server: ApiServer) -> None:
+    status, raw = _call(server, "/healthz")
+    health = json.loads(raw)
+    assert status == 200 and health["ok"]
+    assert set(health["stages"]) == {"shared", "speech", "image"}
+    _call(server, "/v1/requests", {"priority": 0, "output_tokens": 2})
+    status, raw = _call(server, "/metrics")
+    text = raw.decode()
+    assert status == 200
+    assert 'horizonserve_first_response_seconds_count{request_class="text"}' in text
+    assert "horizonserve_shared_stage_sms" in text
+    assert _call(server, "/nowhere")[0] == 404
+
+
+def test_backend_runs_a_mixed_trace(backend: ReferenceBackend) -> None:
+    trace = [
+        TimedRequest(
+            0.02 * i,
+            RequestSpec(
+                f"trace-{i}",
+                priority=(0, 10, 20)[i % 3],
+                input_tokens=16 + i,
+                output_tokens=4 + i % 5,
+                downstream_tokens=(None, 8, 2)[i % 3],
+            ),
+        )
+        for i in range(12)
+    ]
+    result = backend.run(trace, drain_timeout_s=60)
+    assert result.unfinished == 0 and not result.rejected
+    assert len(result.records) == 12
+    assert all(r["first_response_s"] is not None and r["error"] is None for r in result.records)
+    assert all(r["done_s"] >= r["first_response_s"] for r in result.records)
+    summary = result.summary()
+    assert set(summary["classes"]) == {"text", "speech", "image"}
+    assert all(c["p95_s"] >= c["p50_s"] > 0 for c in summary["classes"].values())
+    assert result.trace, "the shared stage's step trace was collected"
+    row = result.trace[0]
+    assert row["shared_sms"] > 0 and row["decode_batch"] + row["prefill_batch"] > 0
+    assert max(r["decode_batch"] + r["prefill_batch"] for r in result.trace) <= 8
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())
+
+
+def test_stop_leaves_no_stage_process_or_record(backend: ReferenceBackend) -> None:
+    pipeline = backend.pipeline
+    pids = list(pipeline.stage_pids)
+    record_path = pipeline._record.path if pipeline._record else None
+    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    handle = pipeline.submit(RequestSpec("last", priority=10, output_tokens=3))
+    assert handle.wait_done(30)
+    backend.close()
+    assert not any(_alive(p) for p in pids)
+    assert record_path is not None and not record_path.exists()
+    assert pipeline.health()["ok"] is False
+    stopped = {name for name, info in pipeline.stage_info.items() if "stopped" in info}
+    assert stopped == {"shared", "speech", "image"}  # each stage left its loop by itself
