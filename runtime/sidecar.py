@@ -46,7 +46,8 @@ class PodAnnotationPublisher:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            # Outside a cluster (tests, local runs): KUBECONFIG as it is now, not at import time.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         self._api = client.CoreV1Api()
         self._namespace = namespace
         self._pod = pod
