@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, simulated policy sweeps, metrics and reports; control-core overhead."""

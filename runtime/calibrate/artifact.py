@@ -1,0 +1,225 @@
+"""The calibration artifact: what one model on one GPU costs, as the simulator and runtime read it.
+
+One JSON file per GPU (name + driver + SM count), holding one entry per pipeline (model). The
+GPU calibration writes it from measurements; until then the package ships an artifact whose
+`source` says where each number comes from. Everything is plain data with units in the field
+names (`_s` seconds, `sms` SM counts); curves over SM counts are piecewise linear between their
+points and flat outside them.
+
+Key of an entry: (model, gpu.name, gpu.driver, gpu.sm_count) — `CalibrationArtifact.key`.
+Bump `SCHEMA_VERSION` on any incompatible change; readers refuse other versions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_right
+from pathlib import Path as FsPath
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from horizonserve.runtime.config import SmLadder
+
+SCHEMA_VERSION = 1
+DEFAULT_ARTIFACT = "default-h200.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SmCurve(_Model):
+    """A positive quantity sampled at increasing SM counts; piecewise-linear in between."""
+
+    sms: list[int] = Field(min_length=1, description="SM counts, strictly increasing.")
+    values: list[float] = Field(min_length=1, description="The quantity at each SM count.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if len(self.sms) != len(self.values):
+            raise ValueError(f"sms has {len(self.sms)} points but values has {len(self.values)}")
+        if any(b <= a for a, b in itertools.pairwise(self.sms)):
+            raise ValueError(f"sms must be strictly increasing, got {self.sms}")
+        if any(s <= 0 for s in self.sms) or any(v <= 0 for v in self.values):
+            raise ValueError("SM counts and values must be positive")
+        return self
+
+    def at(self, sms: float) -> float:
+        """Linear interpolation; held flat beyond the first and last point."""
+        xs, ys = self.sms, self.values
+        if sms <= xs[0]:
+            return ys[0]
+        if sms >= xs[-1]:
+            return ys[-1]
+        i = bisect_right(xs, sms)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (sms - x0) / (x1 - x0)
+
+
+class GpuKey(_Model):
+    name: str = Field(min_length=1, description="GPU product name as NVML reports it.")
+    driver: str = Field(min_length=1, description="Driver version, or 'unknown'.")
+    sm_count: int = Field(gt=0)
+    memory_gib: float = Field(gt=0)
+    peak_bandwidth_gbs: float | None = Field(None, gt=0, description="Peak DRAM bandwidth.")
+
+
+class SharedStageCalibration(_Model):
+    """The shared (thinker/LLM) stage: iteration cost and engine limits.
+
+    Iteration time alone at s SMs:
+        decode_step_s(s) · (1 + decode_seq_frac · (seqs − 1) + decode_ctx_frac · cached tokens)
+        + prefill_token_s(s) · prefill tokens
+    While a downstream stage co-runs, the first term is multiplied by corun_decode_factor(s) and
+    the second by corun_prefill_factor(s): measured with the shared stage capped at s SMs and the
+    downstream stage on the complementary S_tot − s (at s = S_tot: both on the whole GPU).
+    """
+
+    decode_step_s: SmCurve = Field(description="One decode iteration, batch 1, stage alone.")
+    decode_seq_frac: float = Field(ge=0, description="Extra fraction per extra sequence.")
+    decode_ctx_frac: float = Field(ge=0, description="Extra fraction per cached token read.")
+    prefill_token_s: SmCurve = Field(description="Seconds per prefill token, stage alone.")
+    corun_decode_factor: SmCurve = Field(description="Decode slowdown while downstream co-runs.")
+    corun_prefill_factor: SmCurve = Field(description="Prefill slowdown while downstream co-runs.")
+    sm_switch_s: float = Field(5e-6, ge=0, description="Cost of changing the SM cap.")
+    max_num_seqs: int = Field(gt=0, description="Engine limit: sequences per iteration.")
+    max_num_batched_tokens: int = Field(gt=0, description="Engine limit: tokens per iteration.")
+    kv_capacity_tokens: int = Field(gt=0, description="KV-cache capacity in tokens.")
+    tokens_per_audio_second: float = Field(ge=0, description="Prompt tokens per input audio s.")
+    tokens_per_image: float = Field(ge=0, description="Prompt tokens per input image.")
+    tokens_per_video_second: float = Field(ge=0, description="Prompt tokens per input video s.")
+    decode_tokens_per_output_audio_second: float = Field(
+        0.0,
+        ge=0,
+        description="Speech output decoded by the shared stage itself (0: it decodes text only).",
+    )
+    handoff_after_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="Shared-stage tokens before a long-path request is handed downstream; "
+        "None: after its whole output (vLLM-Omni stage edges with window_size -1).",
+    )
+
+
+class DownstreamStageCalibration(_Model):
+    """One downstream stage process (talker, code2wav, diffusion …), in chain order.
+
+    Step time = step_s(s_down) · (1 + batch_frac · (jobs − 1)), × corun factor while the shared
+    stage runs. A request brings `work_fixed + work_per_audio_second · output audio s +
+    work_per_input_image · input images` steps. After `first_output_work` steps the stage emits
+    its first chunk — to the next stage, or, for the last stage, as the first user-visible output.
+    """
+
+    name: str = Field(min_length=1)
+    kind: Literal["ar", "chunk", "diffusion"]
+    step_s: SmCurve = Field(description="One step at batch 1 vs SMs given to this stage, alone.")
+    batch_frac: float = Field(ge=0, description="Extra fraction per extra job in the batch.")
+    max_batch: int = Field(gt=0)
+    corun_factor: SmCurve = Field(
+        description="Step slowdown while the shared stage runs, vs the shared stage's SM cap."
+    )
+    work_fixed: float = Field(0.0, ge=0)
+    work_per_audio_second: float = Field(0.0, ge=0)
+    work_per_input_image: float = Field(0.0, ge=0)
+    first_output_work: float | None = Field(
+        None, gt=0, description="Steps before the first chunk; None: the whole job."
+    )
+
+
+class SharingCalibration(_Model):
+    """Co-running without HorizonServe's SM partition (the baselines' GPU sharing).
+
+    timeslice: separate CUDA contexts, no MPS: the shared stage pays the co-run factors at
+    S_tot; the downstream stage pays `timeslice_downstream_factor`.
+    mps: NVIDIA MPS: the shared stage pays 1 + mps_shared_excess · (factor(S_tot) − 1); the
+    downstream stage pays `mps_downstream_factor`.
+    """
+
+    timeslice_downstream_factor: float = Field(ge=1)
+    mps_shared_excess: float = Field(ge=0, le=1)
+    mps_downstream_factor: float = Field(ge=1)
+
+
+class PressureCalibration(_Model):
+    """NVML memory-activity fraction as a function of what runs (before noise).
+
+    occupancy o = downstream jobs in service / the first downstream stage's max_batch, ≤ 1.
+      idle                     → idle
+      downstream alone         → idle + (downstream_only − idle) · o
+      shared alone             → shared_only
+      shared + downstream      → shared_only + (corun(s) − shared_only) · o
+    """
+
+    idle: float = Field(ge=0, le=1)
+    shared_only: float = Field(ge=0, le=1)
+    downstream_only: float = Field(ge=0, le=1)
+    corun: SmCurve
+    noise_sd: float = Field(0.0, ge=0, le=0.5)
+
+
+class PipelineCalibration(_Model):
+    pipeline: str = Field(min_length=1, description="qwen2_5_omni, mimo_audio or bagel.")
+    model: str = Field(min_length=1)
+    ladder: SmLadder
+    b_sat: float = Field(gt=0, le=1, description="Saturation pressure B_sat.")
+    shared: SharedStageCalibration
+    downstream: list[DownstreamStageCalibration] = Field(min_length=1, max_length=2)
+    sharing: SharingCalibration
+    pressure: PressureCalibration
+    solo_p95_s: dict[str, float] = Field(
+        default_factory=dict, description="Measured solo p95 first-response latency per class."
+    )
+    solo_p95_source: str | None = Field(None, description="How solo_p95_s was measured.")
+    notes: dict[str, str] = Field(
+        default_factory=dict, description="Provenance of individual fields (field → source)."
+    )
+
+
+class CalibrationArtifact(_Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    source: str = Field(min_length=1, description="Where the numbers come from.")
+    created: str | None = Field(None, description="ISO-8601 creation time.")
+    gpu: GpuKey
+    pipelines: dict[str, PipelineCalibration] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for name, p in self.pipelines.items():
+            if p.pipeline != name:
+                raise ValueError(f"pipelines[{name!r}].pipeline is {p.pipeline!r}")
+            if p.ladder.total != self.gpu.sm_count:
+                raise ValueError(
+                    f"pipelines[{name!r}].ladder.total {p.ladder.total} differs from "
+                    f"gpu.sm_count {self.gpu.sm_count}"
+                )
+        return self
+
+    def pipeline(self, name: str) -> PipelineCalibration:
+        try:
+            return self.pipelines[name]
+        except KeyError:
+            raise ValueError(
+                f"calibration artifact has no pipeline {name!r}; it has {sorted(self.pipelines)}"
+            ) from None
+
+    def key(self, name: str) -> str:
+        """model|GPU|driver|SMs — what a node looks an artifact up by."""
+        p = self.pipeline(name)
+        g = self.gpu
+        return f"{p.model}|{g.name}|{g.driver}|{g.sm_count}"
+
+
+def load_artifact(path: str | FsPath | None = None) -> CalibrationArtifact:
+    """Read an artifact; None reads the package's default artifact."""
+    if path is None:
+        from importlib import resources
+
+        ref = resources.files("horizonserve.runtime").joinpath(
+            f"data/calibration/{DEFAULT_ARTIFACT}"
+        )
+        return CalibrationArtifact.model_validate_json(ref.read_text())
+    p = FsPath(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"calibration artifact {str(p)!r} does not exist")
+    return CalibrationArtifact.model_validate_json(p.read_text())

@@ -1,0 +1,450 @@
+"""Discrete-event simulation of one GPU serving an omni pipeline under one system.
+
+Processes that co-run on the simulated GPU:
+  * the shared stage: back-to-back iterations while it has work. Each iteration is one
+    scheduling opportunity: `policy.step(now, downstream_active=…, pressure_sample=…)` (the
+    control core's own object), then the base scheduler (`sim.shared`) builds the batch from the
+    policy's view, and the iteration lasts `SharedCost.iteration_s` at the SM cap the policy
+    chose, slowed by co-running when a downstream stage is active;
+  * the downstream stages (`sim.downstream`), fluid batch servers whose step time depends on
+    their SM share (S_tot − cap under HorizonServe's partition while the shared stage runs, the
+    whole GPU otherwise) and on whether the shared stage is running.
+The memory-pressure sample handed to the policy at each step is the artifact's pressure model
+for what ran during the previous interval, plus seeded Gaussian noise.
+
+Deterministic for a given trace, system and seed: one event heap ordered by (time, sequence),
+no wall clock in any decision, one seeded RNG (pressure noise).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+
+import numpy as np
+
+from horizonserve.runtime.config import Metric, Path
+from horizonserve.runtime.policy import SchedulingPolicy, make_policy
+from horizonserve.runtime.profiler import InputFeatures
+from horizonserve.runtime.sim.downstream import FluidStage, Job
+from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
+from horizonserve.runtime.sim.request import NOT_YET, SimRequest
+from horizonserve.runtime.sim.result import SimResult
+from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.shared import Batch, SharedStage
+from horizonserve.runtime.sim.systems import System, get_system
+from horizonserve.runtime.sim.trace import Trace
+from horizonserve.runtime.spatial import UNCAPPED
+
+_ARRIVAL, _SHARED_DONE, _DOWN, _POLL = 0, 1, 2, 3
+_POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)
+_TRACE_DT = 0.02  # control-trace resolution (s) unless the cap changes
+
+
+class Simulator:
+    """One run. Build, `run()`, read the SimResult."""
+
+    def __init__(
+        self,
+        setup: SimSetup,
+        trace: Trace,
+        system: System | str,
+        *,
+        seed: int = 0,
+        record_trace: bool = False,
+        solo: bool = False,
+    ) -> None:
+        self.setup = setup
+        self.trace = trace
+        self.system = get_system(system)
+        self.seed = seed
+        self.solo = solo  # closed loop: each request arrives once the GPU is idle
+        cal = setup.cal
+        self.policy = _make_policy(setup, self.system)
+        self.shared = SharedStage(cal.shared)
+        self.cost = SharedCost(cal)
+        self.pressure = PressureModel(cal)
+        self.noise_sd = cal.pressure.noise_sd
+        self.rng = random.Random(seed)
+        self.total_sms = cal.ladder.total
+        self.uncapped_sharing = self.system.uncapped_sharing
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self._seq = itertools.count()
+        self.stages = [
+            FluidStage(i, DownstreamCost(d, cal), self._schedule_down)
+            for i, d in enumerate(cal.downstream)
+        ]
+        self.ref_batch = cal.downstream[0].max_batch
+        self.requests: list[SimRequest] = []
+        self._class_meta = [(c.path is Path.LONG, c.metric, c.name) for c in setup.slo.classes]
+        names = [c.name for c in setup.slo.classes]
+        self._cls_map = [names.index(n) for n in trace.classes]
+        # Shared-stage state.
+        self.busy = False
+        self.batch: Batch | None = None
+        self.sms = self.total_sms
+        self.down_sms = self.total_sms
+        self.sharing = self.uncapped_sharing
+        self.prev_level: int | None = None
+        self.prev_busy_until = -1.0  # end time of the last iteration
+        self.prev_sms = self.total_sms
+        self.responded = 0
+        self.record_trace = record_trace
+        self.trace_out: dict[str, list[float]] | None = (
+            {"t": [], "cap": [], "pressure": [], "sample": [], "down_jobs": [], "down_active": []}
+            if record_trace
+            else None
+        )
+        self._trace_last = -1.0
+        self._trace_last_cap = -1
+        # Statistics.
+        self.iterations = 0
+        self.events_done = 0
+        self.busy_time = 0.0
+        self.corun_time = 0.0
+        self.cap_time = 0.0  # Σ cap · duration over co-running iterations
+        self.pressure_sum = 0.0
+        self.pressure_n = 0
+
+    # -- events -------------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, a, b))
+
+    def _schedule_down(self, t: float, stage: int, version: int) -> None:
+        self._push(t, _DOWN, stage, version)
+
+    # -- requests ------------------------------------------------------------------------------
+    def _make_request(self, i: int) -> tuple[SimRequest, InputFeatures]:
+        tr = self.trace
+        cal = self.setup.cal.shared
+        ci = self._cls_map[int(tr.cls[i])]
+        long_path, metric, _ = self._class_meta[ci]
+        audio_in = float(tr.audio_s[i])
+        video = float(tr.video_s[i])
+        images = int(tr.images[i])
+        text = int(tr.text_tokens[i])
+        video_tokens = round(video * cal.tokens_per_video_second)
+        prompt = (
+            text
+            + round(audio_in * cal.tokens_per_audio_second)
+            + round(images * cal.tokens_per_image)
+            + video_tokens
+        )
+        prompt = max(prompt, 1)
+        audio_out = float(tr.output_audio_s[i])
+        out_tokens = int(tr.output_tokens[i])
+        if long_path and metric is Metric.TTFO and cal.decode_tokens_per_output_audio_second > 0:
+            decode_len = max(1, round(audio_out * cal.decode_tokens_per_output_audio_second))
+        elif long_path:
+            decode_len = max(0, out_tokens)
+        else:
+            decode_len = max(1, out_tokens)
+        handoff = cal.handoff_after_tokens
+        handoff_at = decode_len if handoff is None else min(handoff, decode_len)
+        req = SimRequest(
+            i,
+            ci,
+            float(tr.arrival[i]),
+            prompt,
+            decode_len,
+            handoff_at,
+            long_path,
+            audio_out,
+            images,
+        )
+        features = InputFeatures(
+            input_tokens=text + video_tokens, audio_seconds=audio_in, images=images
+        )
+        return req, features
+
+    def _on_arrival(self, i: int, now: float) -> None:
+        req, features = self._make_request(i)
+        req.arrival = now  # equals the trace's time except in the solo closed loop
+        self.requests.append(req)
+        if not self.solo and i + 1 < len(self.trace):
+            self._push(float(self.trace.arrival[i + 1]), _ARRIVAL, i + 1)
+        if not self.shared.fits_ever(req):
+            return  # can never be admitted: counted as a miss
+        req.sig = self.policy.admit(
+            str(i), now, class_name=self._class_meta[req.cls][2], features=features
+        )
+        self.shared.waiting[req] = None
+        if not self.busy:
+            self._start_iteration(now)
+            self._rerate_all(now)
+
+    # -- shared stage ---------------------------------------------------------------------------
+    def _downstream_active(self) -> bool:
+        return any(s.in_service or s.queue for s in self.stages)
+
+    def _occupancy(self) -> float:
+        return sum(s.in_service for s in self.stages) / self.ref_batch
+
+    def _sample(self, now: float) -> float:
+        """The memory-activity sample for the interval that just ended."""
+        busy_before = self.prev_busy_until >= now - 1e-12
+        level = self.pressure.level(busy_before, self.prev_sms, self._occupancy(), self.sharing)
+        if self.noise_sd:
+            level += self.rng.gauss(0.0, self.noise_sd)
+        return 0.0 if level < 0.0 else 1.0 if level > 1.0 else level
+
+    def _start_iteration(self, now: float) -> None:
+        shared = self.shared
+        active = self._downstream_active()
+        sample = self._sample(now)
+        dec = self.policy.step(now, downstream_active=active, pressure_sample=sample)
+        sm = dec.sm
+        if sm.level == UNCAPPED:
+            sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing
+        else:
+            sms, down, sharing = sm.shared, sm.downstream, Sharing.PARTITION
+        switched = self.prev_level is not None and sm.level != self.prev_level
+        self.prev_level = sm.level
+        batch = shared.form_batch(dec.view, self.policy)
+        if not batch.seqs:
+            self.busy = False
+            self.batch = None
+            if shared.waiting:
+                self._push(now + _POLL_S, _POLL)
+            return
+        dur = self.cost.iteration_s(
+            sms, batch.seqs, batch.prefill_tokens, batch.cached_tokens, active, sharing, switched
+        )
+        self.busy = True
+        self.batch = batch
+        self.sms, self.down_sms, self.sharing = sms, down, sharing
+        self.iterations += 1
+        self.busy_time += dur
+        if active:
+            self.corun_time += dur
+            self.cap_time += sms * dur
+        if dec.pressure is not None:
+            self.pressure_sum += dec.pressure
+            self.pressure_n += 1
+        if self.trace_out is not None:
+            self._record(now, sms, dec.pressure, sample, active)
+        self._push(now + dur, _SHARED_DONE)
+
+    def _record(
+        self, now: float, sms: int, pressure: float | None, sample: float, active: bool
+    ) -> None:
+        if now - self._trace_last < _TRACE_DT and sms == self._trace_last_cap:
+            return
+        self._trace_last = now
+        self._trace_last_cap = sms
+        out = self.trace_out
+        assert out is not None
+        out["t"].append(round(now, 6))
+        out["cap"].append(sms)
+        out["pressure"].append(float("nan") if pressure is None else round(pressure, 4))
+        out["sample"].append(round(sample, 4))
+        s0 = self.stages[0]
+        out["down_jobs"].append(s0.in_service + len(s0.queue))
+        out["down_active"].append(1 if active else 0)
+
+    def _on_shared_done(self, now: float) -> None:
+        batch = self.batch
+        assert batch is not None
+        self.prev_busy_until = now
+        self.prev_sms = self.sms
+        shared = self.shared
+        for req, tokens in batch.chunks:
+            req.prefilled += tokens
+            if req.prefilled >= req.prompt:
+                if req.decode_len > 0:
+                    req.decoded = 1
+                    req.first_token = now
+                    req.last_token = now
+                if not req.long_path:
+                    self._respond(req, now)
+                self._progress(req, now)
+        for req in batch.decodes:
+            req.decoded += 1
+            req.last_token = now
+            self._progress(req, now)
+        shared.prune()
+        self.batch = None
+        if shared.has_work:
+            self._start_iteration(now)
+        else:
+            self.busy = False
+        self._rerate_all(now)
+        if self.solo and not self.busy and not self._downstream_active():
+            self._next_solo(now)
+
+    def _progress(self, req: SimRequest, now: float) -> None:
+        if req.long_path and not req.handed and req.decoded >= req.handoff_at:
+            req.handed = True
+            self._submit(0, req, now, head=True, from_chunk=False)
+        if req.decoded >= req.decode_len and req.prefilled >= req.prompt:
+            self.shared.release(req)
+
+    # -- downstream chain ----------------------------------------------------------------------
+    def _submit(self, k: int, req: SimRequest, now: float, head: bool, from_chunk: bool) -> None:
+        stage = self.stages[k]
+        cal = stage.cost.cal
+        total = stage.cost.work(req.audio_out_s, req.images)
+        first = cal.first_output_work
+        if head and from_chunk:
+            work = first if first is not None and first < total else total
+            job = Job(req, k, work, None, True)
+        elif head:
+            job = Job(req, k, total, first, True)
+        else:
+            rest = total - (first if first is not None and first < total else total)
+            if rest <= 1e-9:
+                return
+            job = Job(req, k, rest, None, False)
+        stage.submit(job, now)
+        self._rerate(stage, now, force=True)
+
+    def _on_down(self, k: int, version: int, now: float) -> None:
+        stage = self.stages[k]
+        if version != stage.version:
+            return
+        last = k == len(self.stages) - 1
+        for job, is_first in stage.pop_due(now):
+            req = job.req
+            if is_first:
+                if last:
+                    self._respond(req, now)
+                else:
+                    self._submit(k + 1, req, now, head=True, from_chunk=True)
+            elif job.head and job.first is None:
+                if last:
+                    self._respond(req, now)
+                else:
+                    self._submit(k + 1, req, now, head=True, from_chunk=False)
+            elif job.head and not last:
+                self._submit(k + 1, req, now, head=False, from_chunk=False)
+        self._rerate(stage, now, force=True)
+        if self.solo and not self.busy and not self._downstream_active():
+            self._next_solo(now)
+
+    def _rerate(self, stage: FluidStage, now: float, force: bool = False) -> None:
+        if self.busy:
+            stage.rerate(now, self.down_sms, True, self.sms, self.sharing, force)
+        else:
+            stage.rerate(now, self.total_sms, False, self.total_sms, self.sharing, force)
+
+    def _rerate_all(self, now: float) -> None:
+        for stage in self.stages:
+            self._rerate(stage, now)
+
+    def _respond(self, req: SimRequest, now: float) -> None:
+        if req.first_response == NOT_YET:
+            req.first_response = now
+            self.responded += 1
+
+    # -- solo (closed loop) ----------------------------------------------------------------------
+    def _next_solo(self, now: float) -> None:
+        i = len(self.requests)
+        if i < len(self.trace):
+            self._push(now + 1e-3, _ARRIVAL, i)
+
+    # -- run ---------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        tr = self.trace
+        n = len(tr)
+        targets = self.setup.targets()
+        max_target = max(targets.values()) if targets else 0.0
+        horizon = (float(tr.arrival[-1]) if n else 0.0) + max_target * 1.05 + 1.0
+        if self.solo:
+            horizon = math.inf
+        if n:
+            self._push(0.0 if self.solo else float(tr.arrival[0]), _ARRIVAL, 0)
+        events = self.events
+        now = 0.0
+        pop = heapq.heappop
+        while events:
+            t, _, kind, a, b = pop(events)
+            if t > horizon:
+                break
+            now = t
+            self.events_done += 1
+            if kind == _SHARED_DONE:
+                self._on_shared_done(now)
+            elif kind == _DOWN:
+                self._on_down(a, b, now)
+            elif kind == _ARRIVAL:
+                self._on_arrival(a, now)
+            elif kind == _POLL and not self.busy and self.shared.has_work:
+                self._start_iteration(now)
+                self._rerate_all(now)
+            if self.responded == n and len(self.requests) == n and not self.shared.has_work:
+                break
+        for s in self.stages:
+            s.finish(now)
+        wall = time.perf_counter() - wall0
+        return self._result(now, wall)
+
+    def _result(self, end: float, wall: float) -> SimResult:
+        setup = self.setup
+        tr = self.trace
+        n = len(tr)
+        cls = np.array([self._cls_map[int(c)] for c in tr.cls], dtype=np.int64)
+        latency = np.full(n, np.nan)
+        tpot = np.full(n, np.nan)
+        for req in self.requests:
+            if req.first_response != NOT_YET:
+                latency[req.idx] = req.first_response - req.arrival
+            if req.decoded >= 2 and req.decoded >= req.decode_len:
+                tpot[req.idx] = (req.last_token - req.first_token) / (req.decoded - 1)
+        names = setup.class_names
+        targets = setup.targets()
+        sim_s = max(end, 1e-9)
+        stats = {
+            "sim_s": sim_s,
+            "wall_s": wall,
+            "speed_x": sim_s / wall if wall > 0 else float("inf"),
+            "events": float(self.events_done),
+            "iterations": float(self.iterations),
+            "shared_busy_frac": self.busy_time / sim_s,
+            "corun_frac": self.corun_time / sim_s,
+            "mean_cap_corun": self.cap_time / self.corun_time if self.corun_time else float("nan"),
+            "mean_pressure": self.pressure_sum / self.pressure_n
+            if self.pressure_n
+            else float("nan"),
+        }
+        for s in self.stages:
+            stats[f"{s.cost.cal.name}_busy_frac"] = s.busy_time / sim_s
+        return SimResult(
+            system=self.system.name,
+            pipeline=setup.spec.name,
+            seed=self.seed,
+            rate=tr.rate,
+            duration_s=tr.duration_s if tr.duration_s else float(tr.arrival[-1]) + 1e-9,
+            warmup_s=tr.warmup_s,
+            classes=names,
+            long_class=np.array([c.path is Path.LONG for c in setup.slo.classes]),
+            targets=np.array([targets[c] for c in names]),
+            cls=cls,
+            arrival=np.array([r.arrival for r in sorted(self.requests, key=lambda r: r.idx)])
+            if self.solo
+            else tr.arrival.copy(),
+            latency=latency,
+            tpot=tpot,
+            stats=stats,
+            trace=self.trace_out,
+        )
+
+
+def _make_policy(setup: SimSetup, system: System) -> SchedulingPolicy:
+
+    return make_policy(system.policy, setup.serving_config(system.policy))
+
+
+def simulate(
+    setup: SimSetup,
+    trace: Trace,
+    system: System | str,
+    *,
+    seed: int = 0,
+    record_trace: bool = False,
+) -> SimResult:
+    """Run `trace` through `system` on the simulated GPU (see module docstring)."""
+    return Simulator(setup, trace, system, seed=seed, record_trace=record_trace).run()

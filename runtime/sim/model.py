@@ -1,0 +1,168 @@
+"""Stage-latency, contention and memory-pressure model, read from a calibration artifact.
+
+Each function is one documented formula over the artifact's curves (see
+`horizonserve.runtime.calibrate.artifact` for the definitions). Curve lookups are memoised per
+SM count because a run only ever visits a handful of SM levels.
+
+GPU sharing between the shared stage and the downstream stages, while both are busy:
+  partition  HorizonServe's Green-Context split: shared stage on s SMs, downstream on S_tot − s;
+             each pays the co-run factor the artifact measured at that split.
+  timeslice  no SM control, no MPS (vanilla vLLM-Omni): both stages on the whole GPU.
+  mps        no SM control, NVIDIA MPS: both on the whole GPU, less co-running penalty.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from horizonserve.runtime.calibrate.artifact import (
+    DownstreamStageCalibration,
+    PipelineCalibration,
+    SmCurve,
+)
+
+
+class Sharing(StrEnum):
+    PARTITION = "partition"
+    TIMESLICE = "timeslice"
+    MPS = "mps"
+
+
+class _Memo:
+    """SmCurve.at memoised by SM count."""
+
+    __slots__ = ("_cache", "_curve")
+
+    def __init__(self, curve: SmCurve) -> None:
+        self._curve = curve
+        self._cache: dict[int, float] = {}
+
+    def __call__(self, sms: int) -> float:
+        v = self._cache.get(sms)
+        if v is None:
+            v = self._curve.at(sms)
+            self._cache[sms] = v
+        return v
+
+
+class SharedCost:
+    """Iteration time of the shared stage."""
+
+    __slots__ = (
+        "_cd",
+        "_cp",
+        "_ctx",
+        "_dec",
+        "_mps_excess",
+        "_pre",
+        "_seq",
+        "_switch",
+        "total_sms",
+    )
+
+    def __init__(self, cal: PipelineCalibration) -> None:
+        s = cal.shared
+        self.total_sms = cal.ladder.total
+        self._dec = _Memo(s.decode_step_s)
+        self._pre = _Memo(s.prefill_token_s)
+        self._cd = _Memo(s.corun_decode_factor)
+        self._cp = _Memo(s.corun_prefill_factor)
+        self._seq = s.decode_seq_frac
+        self._ctx = s.decode_ctx_frac
+        self._switch = s.sm_switch_s
+        self._mps_excess = cal.sharing.mps_shared_excess
+
+    def corun_factors(self, sms: int, sharing: Sharing) -> tuple[float, float]:
+        """(decode, prefill) slowdown while a downstream stage co-runs."""
+        if sharing is Sharing.PARTITION:
+            return self._cd(sms), self._cp(sms)
+        full = self.total_sms
+        fd, fp = self._cd(full), self._cp(full)
+        if sharing is Sharing.MPS:
+            k = self._mps_excess
+            return 1.0 + k * (fd - 1.0), 1.0 + k * (fp - 1.0)
+        return fd, fp
+
+    def iteration_s(
+        self,
+        sms: int,
+        seqs: int,
+        prefill_tokens: int,
+        cached_tokens: int,
+        corun: bool,
+        sharing: Sharing,
+        switched: bool,
+    ) -> float:
+        """decode_step(s)·(1 + seq·(seqs−1) + ctx·cached)·fd + prefill_token(s)·tokens·fp."""
+        mem = self._dec(sms) * (1.0 + self._seq * (seqs - 1) + self._ctx * cached_tokens)
+        comp = self._pre(sms) * prefill_tokens
+        if corun:
+            fd, fp = self.corun_factors(sms, sharing)
+            mem *= fd
+            comp *= fp
+        return mem + comp + (self._switch if switched else 0.0)
+
+    def decode_step_s(self, sms: int) -> float:
+        return self._dec(sms)
+
+    def prefill_token_s(self, sms: int) -> float:
+        return self._pre(sms)
+
+
+class DownstreamCost:
+    """Step time of one downstream stage."""
+
+    __slots__ = ("_corun", "_frac", "_mps", "_step", "_ts", "cal")
+
+    def __init__(self, cal: DownstreamStageCalibration, pipeline: PipelineCalibration) -> None:
+        self.cal = cal
+        self._step = _Memo(cal.step_s)
+        self._corun = _Memo(cal.corun_factor)
+        self._frac = cal.batch_frac
+        self._ts = pipeline.sharing.timeslice_downstream_factor
+        self._mps = pipeline.sharing.mps_downstream_factor
+
+    def step_s(
+        self, jobs: int, sms: int, shared_busy: bool, shared_sms: int, sharing: Sharing
+    ) -> float:
+        """step(s_down)·(1 + batch_frac·(jobs−1)) × co-run factor while the shared stage runs."""
+        t = self._step(sms) * (1.0 + self._frac * (jobs - 1))
+        if shared_busy:
+            if sharing is Sharing.PARTITION:
+                t *= self._corun(shared_sms)
+            elif sharing is Sharing.MPS:
+                t *= self._mps
+            else:
+                t *= self._ts
+        return t
+
+    def work(self, audio_s: float, images: int) -> float:
+        """Steps a request brings to this stage."""
+        c = self.cal
+        w = c.work_fixed + c.work_per_audio_second * audio_s + c.work_per_input_image * images
+        return w if w > 1e-3 else 1e-3
+
+
+class PressureModel:
+    """Noise-free NVML memory-activity fraction for the current activity."""
+
+    __slots__ = ("_corun", "_down", "_idle", "_shared", "total_sms")
+
+    def __init__(self, cal: PipelineCalibration) -> None:
+        p = cal.pressure
+        self._idle = p.idle
+        self._shared = p.shared_only
+        self._down = p.downstream_only
+        self._corun = _Memo(p.corun)
+        self.total_sms = cal.ladder.total
+
+    def level(
+        self, shared_busy: bool, shared_sms: int, occupancy: float, sharing: Sharing
+    ) -> float:
+        o = 1.0 if occupancy > 1.0 else occupancy
+        if not shared_busy:
+            return self._idle + (self._down - self._idle) * o
+        if o <= 0.0:
+            return self._shared
+        sms = shared_sms if sharing is Sharing.PARTITION else self.total_sms
+        return self._shared + (self._corun(sms) - self._shared) * o

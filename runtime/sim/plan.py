@@ -1,0 +1,149 @@
+"""Capacity planning: the highest arrival rate each system sustains at a target attainment.
+
+For one calibration artifact, class mix and seed, every system is evaluated on the *same*
+requests (one unit-rate trace, compressed in time to each candidate rate — common random
+numbers), so attainment(λ) is a deterministic function of λ. The search brackets the answer by
+doubling / halving from a starting rate, then bisects geometrically until the bracket
+[λ_ok, λ_fail] is tighter than `tol` (relative): attainment(λ_ok) ≥ target and
+attainment(λ_fail) < target were both simulated. The reported capacity is λ_ok.
+
+Attainment(λ) need not be monotone on one finite trace; bisection returns *a* crossing inside
+the first bracket found, which the report states with its two measured endpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from horizonserve.runtime.sim.engine import simulate
+from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.trace import Trace
+
+MIN_RATE = 1e-3
+MAX_RATE = 1e4
+
+
+@dataclass
+class PlanResult:
+    system: str
+    target: float
+    rate_ok: float  # highest rate measured with attainment ≥ target (0: none found)
+    rate_fail: float  # a rate above it measured below target (inf: none found)
+    attainment_ok: float | None
+    attainment_fail: float | None
+    evaluations: list[tuple[float, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rate_fail"] = None if math.isinf(self.rate_fail) else self.rate_fail
+        return d
+
+
+def attainment_at(setup: SimSetup, unit: Trace, system: str, rate: float, seed: int) -> float:
+    r = simulate(setup, unit.scaled(rate), system, seed=seed)
+    a = r.attainment()
+    return 0.0 if math.isnan(a) else a
+
+
+def plan_system(
+    setup: SimSetup,
+    unit: Trace,
+    system: str,
+    *,
+    target: float = 0.9,
+    tol: float = 0.01,
+    start: float = 1.0,
+    seed: int = 0,
+) -> PlanResult:
+    """Bracket then bisect the sustainable rate of one system (see module docstring)."""
+    if not 0 < target <= 1:
+        raise ValueError(f"target attainment must be in (0, 1], got {target}")
+    if tol <= 0:
+        raise ValueError(f"tolerance must be positive, got {tol}")
+    t0 = time.perf_counter()
+    evals: list[tuple[float, float]] = []
+
+    def f(rate: float) -> float:
+        a = attainment_at(setup, unit, system, rate, seed)
+        evals.append((rate, a))
+        return a
+
+    ok, fail = 0.0, math.inf
+    a_ok: float | None = None
+    a_fail: float | None = None
+    rate = start
+    a = f(rate)
+    if a >= target:
+        ok, a_ok = rate, a
+        while math.isinf(fail) and rate < MAX_RATE:
+            rate *= 2
+            a = f(rate)
+            if a >= target:
+                ok, a_ok = rate, a
+            else:
+                fail, a_fail = rate, a
+    else:
+        fail, a_fail = rate, a
+        while ok == 0.0 and rate > MIN_RATE:
+            rate /= 2
+            a = f(rate)
+            if a >= target:
+                ok, a_ok = rate, a
+            else:
+                fail, a_fail = rate, a
+    while ok > 0 and not math.isinf(fail) and fail / ok - 1 > tol:
+        mid = math.sqrt(ok * fail)
+        a = f(mid)
+        if a >= target:
+            ok, a_ok = mid, a
+        else:
+            fail, a_fail = mid, a
+    return PlanResult(
+        system=system,
+        target=target,
+        rate_ok=ok,
+        rate_fail=fail,
+        attainment_ok=a_ok,
+        attainment_fail=a_fail,
+        evaluations=evals,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+_CTX: tuple[SimSetup, Trace, dict[str, Any]] | None = None
+
+
+def _init(setup: SimSetup, unit: Trace, kw: dict[str, Any]) -> None:
+    global _CTX
+    _CTX = (setup, unit, kw)
+
+
+def _one(system: str) -> PlanResult:
+    assert _CTX is not None
+    setup, unit, kw = _CTX
+    return plan_system(setup, unit, system, **kw)
+
+
+def plan(
+    setup: SimSetup,
+    unit: Trace,
+    systems: list[str],
+    *,
+    target: float = 0.9,
+    tol: float = 0.01,
+    start: float = 1.0,
+    seed: int = 0,
+    jobs: int = 1,
+) -> list[PlanResult]:
+    """`plan_system` for each system, spread over `jobs` processes."""
+    kw = {"target": target, "tol": tol, "start": start, "seed": seed}
+    if jobs <= 1 or len(systems) <= 1:
+        return [plan_system(setup, unit, s, **kw) for s in systems]  # type: ignore[arg-type]
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(min(jobs, len(systems)), initializer=_init, initargs=(setup, unit, kw)) as pool:
+        return pool.map(_one, systems)

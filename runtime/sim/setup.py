@@ -1,0 +1,77 @@
+"""What one simulated deployment is: pipeline classes, calibration, SLO table, control knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from horizonserve.runtime.calibrate.artifact import (
+    CalibrationArtifact,
+    PipelineCalibration,
+    load_artifact,
+)
+from horizonserve.runtime.config import (
+    ControlParams,
+    Path,
+    PipelineSpec,
+    PolicyName,
+    ServingConfig,
+    SloTable,
+    load_pipeline,
+)
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    spec: PipelineSpec
+    cal: PipelineCalibration
+    slo: SloTable  # the SLO table the policies and the metrics use
+    control: ControlParams = field(default_factory=ControlParams)
+    slo_source: str = "pipeline defaults"
+
+    @classmethod
+    def load(
+        cls,
+        pipeline: str,
+        artifact: CalibrationArtifact | None = None,
+        control: ControlParams | None = None,
+    ) -> SimSetup:
+        spec = load_pipeline(pipeline)
+        art = artifact if artifact is not None else load_artifact()
+        cal = art.pipeline(pipeline)
+        ctl = control if control is not None else ControlParams(b_sat=cal.b_sat)
+        return cls(spec=spec, cal=cal, slo=spec.slo, control=ctl)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.slo.classes)
+
+    @property
+    def long_classes(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.slo.classes if c.path is Path.LONG)
+
+    def targets(self) -> dict[str, float]:
+        return {c.name: self.slo.target_s(c.name) for c in self.slo.classes}
+
+    def serving_config(self, policy: PolicyName) -> ServingConfig:
+        return ServingConfig(
+            model=self.spec.model,
+            pipeline=self.spec.name,
+            policy=policy,
+            slo=self.slo,
+            ladder=self.cal.ladder,
+            control=self.control,
+        )
+
+    def with_solo_p95(
+        self, p95: dict[str, float], source: str, multiplier: float | None = None
+    ) -> SimSetup:
+        """The same setup with SLO targets from measured solo p95 latencies."""
+        classes = [
+            c.model_copy(update={"solo_p95_s": p95.get(c.name, c.solo_p95_s)})
+            for c in self.slo.classes
+        ]
+        update: dict[str, object] = {"classes": classes}
+        if multiplier is not None:
+            update["multiplier"] = multiplier
+        slo = SloTable.model_validate({**self.slo.model_dump(), **update})
+        return replace(self, slo=slo, slo_source=source)

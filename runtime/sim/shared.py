@@ -1,0 +1,101 @@
+"""The shared stage's base scheduler: iteration-level batching with engine limits.
+
+This is the vLLM-style batch builder the policies wrap; it holds no scheduling rule of its own
+beyond the engine's: running requests first (decodes and unfinished prefill chunks), then the
+waiting requests the policy's view shows, in view order, while the batch has a sequence slot,
+token budget and KV capacity left (the first request that does not fit stops admission, as in
+vLLM). Prefills are chunked to the token budget. A request's KV footprint (prompt + output) is
+reserved at admission, so no preemption happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
+from horizonserve.runtime.policy import SchedulingPolicy
+from horizonserve.runtime.sim.request import SimRequest, sig_of
+from horizonserve.runtime.temporal import StepView
+
+
+@dataclass(slots=True)
+class Batch:
+    """One iteration's work."""
+
+    chunks: list[tuple[SimRequest, int]] = field(default_factory=list)  # prefill (req, tokens)
+    decodes: list[SimRequest] = field(default_factory=list)
+    prefill_tokens: int = 0
+    cached_tokens: int = 0  # KV read by the decodes
+
+    @property
+    def seqs(self) -> int:
+        return len(self.chunks) + len(self.decodes)
+
+
+class SharedStage:
+    __slots__ = ("kv_capacity", "kv_used", "max_seqs", "max_tokens", "running", "waiting")
+
+    def __init__(self, cal: SharedStageCalibration) -> None:
+        self.max_seqs = cal.max_num_seqs
+        self.max_tokens = cal.max_num_batched_tokens
+        self.kv_capacity = cal.kv_capacity_tokens
+        self.kv_used = 0
+        self.running: list[SimRequest] = []
+        # Insertion-ordered set: FIFO arrival order, O(1) removal.
+        self.waiting: dict[SimRequest, None] = {}
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def fits_ever(self, req: SimRequest) -> bool:
+        return req.kv_need <= self.kv_capacity
+
+    def form_batch(self, view: StepView, policy: SchedulingPolicy) -> Batch:
+        """Build this iteration's batch; admitted requests leave the policy's waiting queue."""
+        batch = Batch()
+        budget = self.max_tokens
+        for req in self.running:
+            left = req.prompt - req.prefilled
+            if left > 0:
+                if budget <= 0:
+                    continue
+                take = left if left < budget else budget
+                batch.chunks.append((req, take))
+                batch.prefill_tokens += take
+                budget -= take
+            else:
+                batch.decodes.append(req)
+                batch.cached_tokens += req.prompt + req.decoded
+                budget -= 1
+        running = self.running
+        if budget <= 0 or len(running) >= self.max_seqs or not self.waiting:
+            return batch
+        taken: list[SimRequest] = []
+        for req in view.iter_visible(self.waiting, sig_of):
+            if len(running) >= self.max_seqs or budget <= 0:
+                break
+            if self.kv_used + req.kv_need > self.kv_capacity:
+                break
+            take = req.prompt if req.prompt < budget else budget
+            self.kv_used += req.kv_need
+            running.append(req)
+            taken.append(req)
+            policy.dequeue(sig_of(req))
+            batch.chunks.append((req, take))
+            batch.prefill_tokens += take
+            budget -= take
+        waiting = self.waiting
+        for req in taken:
+            del waiting[req]
+        return batch
+
+    def release(self, req: SimRequest) -> None:
+        """A request finished its shared-stage work."""
+        self.kv_used -= req.kv_need
+
+    def prune(self) -> None:
+        """Drop finished requests from the running list."""
+        self.running = [
+            r for r in self.running if r.prefilled < r.prompt or r.decoded < r.decode_len
+        ]
