@@ -12,14 +12,18 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from horizonserve.runtime.engine.reference.pipeline import (
     Pipeline,
     PipelineOptions,
     RequestHandle,
 )
+from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import RequestSpec
+
+if TYPE_CHECKING:
+    from horizonserve.runtime.sim.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,34 @@ def summarize(records: list[dict[str, Any]], trace: list[dict[str, Any]]) -> dic
     }
 
 
+def requests_from_trace(trace: Trace, preset: str) -> list[TimedRequest]:
+    """The bench/sim trace as timed requests (class names must exist in the serving config).
+
+    Spoken-answer seconds become talker codes at the preset's code rate; image classes use the
+    preset's denoising steps.
+    """
+    codes_per_s = get_preset(preset).codes_per_audio_second
+    out = []
+    for i in range(len(trace)):
+        audio_out = float(trace.output_audio_s[i])
+        out.append(
+            TimedRequest(
+                float(trace.arrival[i]),
+                RequestSpec(
+                    rid=f"req-{i}",
+                    class_name=trace.classes[int(trace.cls[i])],
+                    input_tokens=int(trace.text_tokens[i]),
+                    audio_seconds=float(trace.audio_s[i]),
+                    images=int(trace.images[i]),
+                    video_seconds=float(trace.video_s[i]),
+                    output_tokens=max(1, int(trace.output_tokens[i])),
+                    downstream_tokens=max(1, round(audio_out * codes_per_s)) if audio_out else None,
+                ),
+            )
+        )
+    return out
+
+
 class ReferenceBackend:
     """Start once, run one or more traces, close."""
 
@@ -107,6 +139,16 @@ class ReferenceBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def run_trace(self, trace: Trace, *, drain_timeout_s: float = 300.0) -> BackendResult:
+        """Run a bench/sim `Trace` (arrival times in seconds from its start)."""
+        return self.run(
+            requests_from_trace(trace, self.options.preset), drain_timeout_s=drain_timeout_s
+        )
+
+    def set_policy(self, policy: str) -> None:
+        """Switch policy between runs without reloading the models."""
+        self.pipeline.set_policy(policy)
 
     def run(
         self, trace: Iterable[TimedRequest], *, drain_timeout_s: float = 300.0

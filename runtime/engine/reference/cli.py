@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from horizonserve.runtime.engine.reference.pipeline import (
     PipelineOptions,
 )
 from horizonserve.runtime.engine.reference.presets import PRESETS
+from horizonserve.runtime.node_stats import class_summaries, stats_path, write_stats
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per stage (CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip per-level warm-up")
+    parser.add_argument(
+        "--stats-file",
+        type=Path,
+        default=None,
+        help="per-class stats for the node sidecar (default $HORIZONSERVE_STATS_FILE or "
+        "/dev/shm/horizonserve/node-stats.json)",
+    )
+    parser.add_argument(
+        "--stats-interval", type=float, default=5.0, help="seconds between stats-file writes"
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> PipelineOptions:
@@ -72,6 +84,28 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
     )
 
 
+class StatsWriter:
+    """Rewrites the sidecar's per-class stats file every `interval` seconds."""
+
+    def __init__(self, pipeline: Pipeline, path: Path, interval: float) -> None:
+        self.pipeline = pipeline
+        self.path = path
+        self.interval = interval
+        self._next = 0.0
+
+    def maybe_write(self) -> None:
+        now = time.monotonic()
+        if now < self._next or self.pipeline.config is None:
+            return
+        self._next = now + self.interval
+        metrics = self.pipeline.metrics
+        classes = class_summaries(metrics, self.pipeline.config.slo, now)
+        try:
+            write_stats(self.path, classes, metrics.window.window_s, time.time())
+        except OSError as exc:
+            log.warning("cannot write stats file %s: %s", self.path, exc)
+
+
 def run(args: argparse.Namespace) -> int:
     from horizonserve.runtime.engine.reference.server import ApiServer
 
@@ -95,10 +129,12 @@ def run(args: argparse.Namespace) -> int:
             f"listening on {server.url}",
             flush=True,
         )
-        while not stop.wait(0.5):
+        stats = StatsWriter(pipeline, args.stats_file or stats_path(), args.stats_interval)
+        while not stop.wait(min(0.5, args.stats_interval)):
             if not pipeline.health()["ok"]:
                 log.error("a stage failed: %s", pipeline.health())
                 return 1
+            stats.maybe_write()
         server.shutdown()
         server.server_close()
     finally:

@@ -50,7 +50,7 @@ class SlotAllocator:
 class KvCache:
     """Keys and values of every layer: tensors `[layers, slots, kv_heads, max_len, head_dim]`."""
 
-    __slots__ = ("k", "max_len", "slots", "v")
+    __slots__ = ("_k", "_v", "k", "max_len", "slots", "v")
 
     def __init__(
         self,
@@ -69,6 +69,8 @@ class KvCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.slots = slots
         self.max_len = max_len
+        self._k = self.k.unbind(0)  # per-layer views: no select op on the hot path
+        self._v = self.v.unbind(0)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
@@ -78,8 +80,8 @@ class KvCache:
     ) -> None:
         """Store a padded prompt batch `k, v: [P, kv_heads, L, d]` at positions [0, L)."""
         n = k.shape[2]
-        self.k[layer, slots, :, :n] = k
-        self.v[layer, slots, :, :n] = v
+        self._k[layer][slots, :, :n] = k
+        self._v[layer][slots, :, :n] = v
 
     def write_decode(
         self,
@@ -90,11 +92,11 @@ class KvCache:
         v: torch.Tensor,
     ) -> None:
         """Store one token per request: `k, v: [B, kv_heads, d]` at `positions[b]`."""
-        self.k[layer, slots, :, positions] = k
-        self.v[layer, slots, :, positions] = v
+        self._k[layer][slots, :, positions] = k
+        self._v[layer][slots, :, positions] = v
 
     def read(
         self, layer: int, slots: torch.Tensor, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values `[B, kv_heads, length, d]` of the given slots (a gathered copy)."""
-        return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+        return self._k[layer][slots, :, :length], self._v[layer][slots, :, :length]

@@ -65,51 +65,45 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rotary(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin `[..., L, d]` for integer positions `[..., L]` (rotate-half layout)."""
+    """cos/sin `[B, L, 1, d]` for integer positions `[B, L]` (rotate-half layout)."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x `[B, heads, L, d]`, cos/sin `[B, L, d]`."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    """x `[B, L, heads, d]`; cos/sin `[B, L, 1, d]`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 class GqaAttention(nn.Module):
+    """Grouped-query attention with one fused q/k/v projection (biases as in Qwen2)."""
+
     def __init__(self, dims: DecoderDims) -> None:
         super().__init__()
         h, d = dims.hidden, dims.head_dim
         self.q_heads, self.kv_heads, self.head_dim = dims.q_heads, dims.kv_heads, d
         self.groups = dims.q_heads // dims.kv_heads
-        self.q_proj = nn.Linear(h, dims.q_heads * d, bias=True)
-        self.k_proj = nn.Linear(h, dims.kv_heads * d, bias=True)
-        self.v_proj = nn.Linear(h, dims.kv_heads * d, bias=True)
+        self.qkv_proj = nn.Linear(h, (dims.q_heads + 2 * dims.kv_heads) * d, bias=True)
         self.o_proj = nn.Linear(dims.q_heads * d, h, bias=False)
 
     def _qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[B, L, Hq, d]`, k and v `[B, L, Hkv, d]`; rotary applied to q and k together."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.q_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        hq, hkv = self.q_heads, self.kv_heads
+        qkv = self.qkv_proj(x).view(b, n, hq + 2 * hkv, self.head_dim)
+        qk = apply_rotary(qkv[:, :, : hq + hkv], cos, sin)
+        return qk[:, :, :hq], qk[:, :, hq:], qkv[:, :, hq + hkv :]
 
     def prefill(
         self,
@@ -124,6 +118,7 @@ class GqaAttention(nn.Module):
         """x `[P, L, h]`; mask `[P, 1, L, L]` (None: no padding, plain causal)."""
         p, n, _ = x.shape
         q, k, v = self._qkv(x, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         cache.write_prefill(layer, slots, k, v)
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -148,11 +143,11 @@ class GqaAttention(nn.Module):
         """x `[B, 1, h]`; mask `[B, 1, 1, read_len]` (key position ≤ the request's position).
 
         The q heads sharing one kv head are laid out as that head's query rows, so attention
-        runs on the cache without repeating keys/values.
+        runs on the cached keys/values without repeating them.
         """
         b = x.shape[0]
         q, k, v = self._qkv(x, cos, sin)
-        cache.write_decode(layer, slots, positions, k[:, :, 0], v[:, :, 0])
+        cache.write_decode(layer, slots, positions, k[:, 0], v[:, 0])
         keys, values = cache.read(layer, slots, read_len)
         q = q.view(b, self.kv_heads, self.groups, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
@@ -160,14 +155,16 @@ class GqaAttention(nn.Module):
 
 
 class SwiGlu(nn.Module):
+    """SwiGLU MLP with the gate and up projections fused into one matrix."""
+
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

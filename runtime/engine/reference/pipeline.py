@@ -35,6 +35,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     FIRST,
     HANDOFF,
     IMAGE,
+    POLICY,
     READY,
     SPEECH,
     STOPPED,
@@ -43,6 +44,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     Admit,
     Event,
     RequestSpec,
+    SetPolicy,
 )
 from horizonserve.runtime.engine.reference.stages import run_stage
 from horizonserve.runtime.engine.reference.stages.common import StageConfig
@@ -53,7 +55,6 @@ from horizonserve.runtime.profiler import RequestProfiler
 log = logging.getLogger(__name__)
 
 DOWNSTREAM_STAGES = (SPEECH, IMAGE)
-_CAPPED_POLICIES = {"horizon", "horizon-no-rotation"}
 
 
 @dataclass
@@ -187,6 +188,7 @@ class Pipeline:
         self._ready = threading.Condition(self._lock)
         self._stopped: set[str] = set()
         self._mps: Any = None
+        self._policy_ack: str | None = None
         self.on_event: Callable[[Event], None] | None = None  # test hook
         self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
 
@@ -210,7 +212,9 @@ class Pipeline:
 
         name = f"horizonserve-control-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._record = ControlRecord.create(shm_path(name), n_slots=len(DOWNSTREAM_STAGES))
-        capped = self.device.startswith("cuda") and config.policy.value in _CAPPED_POLICIES
+        # Ladders are pre-allocated on every GPU run (not under MPS), so `set_policy` can switch
+        # between capped and uncapped policies; uncapped policies simply never activate them.
+        capped = self.device.startswith("cuda") and not opts.mps
         base = StageConfig(
             preset=opts.preset,
             device=self.device,
@@ -366,6 +370,28 @@ class Pipeline:
         self._queues["shared"].put(Admit(spec, arrival, downstream))
         return handle
 
+    def set_policy(self, policy: str, timeout: float = 30.0) -> None:
+        """Switch the shared stage's policy between runs; waits until nothing is in flight."""
+        if self.config is None or not self._running:
+            raise PipelineError("pipeline is not running")
+        name = PolicyName(policy)
+        deadline = time.monotonic() + timeout
+        while self.in_flight():
+            if time.monotonic() >= deadline:
+                raise PipelineError("requests still in flight; cannot switch policy")
+            time.sleep(0.01)
+        with self._ready:
+            self._policy_ack = None
+            self._queues["shared"].put(SetPolicy(name.value))
+            while self._policy_ack != name.value:
+                if self.errors and self.errors[-1].startswith("shared: cannot switch"):
+                    raise PipelineError(self.errors[-1])
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PipelineError(f"shared stage did not confirm policy {name.value}")
+                self._ready.wait(min(left, 0.1))
+        self.config = self.config.model_copy(update={"policy": name})
+
     def health(self) -> dict[str, Any]:
         stages = {
             name: {"alive": p.is_alive(), "pid": p.pid, "ready": name in self.stage_info}
@@ -416,9 +442,11 @@ class Pipeline:
             pressure = last[4]
             self.metrics.step(last[1], last[2], pressure, last[10])
             return
-        if kind in (READY, STOPPED, ERROR) and ev.rid is None:
+        if kind in (READY, STOPPED, ERROR, POLICY) and ev.rid is None:
             with self._ready:
-                if kind == READY:
+                if kind == POLICY:
+                    self._policy_ack = ev.data["policy"]
+                elif kind == READY:
                     self.stage_info[ev.stage] = ev.data
                 elif kind == STOPPED:
                     self._stopped.add(ev.stage)

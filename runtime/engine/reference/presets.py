@@ -90,6 +90,8 @@ class PipelinePreset:
     dit_max_batch: int
     tokens_per_audio_second: int = 25  # shared-stage prompt tokens per second of input audio
     tokens_per_image: int = 256  # shared-stage prompt tokens per input image
+    tokens_per_video_second: int = 128  # shared-stage prompt tokens per second of input video
+    codes_per_audio_second: int = 50  # talker codec codes per second of spoken answer
 
 
 THINKER_7B = DecoderDims(
@@ -138,6 +140,8 @@ PRESETS: dict[str, PipelinePreset] = {
         dit_max_batch=2,
         tokens_per_audio_second=4,
         tokens_per_image=8,
+        tokens_per_video_second=8,
+        codes_per_audio_second=4,
     ),
 }
 

@@ -26,6 +26,7 @@ DONE = "done"  # the request left the stage that finishes it
 TRACE = "trace"  # shared-stage step rows (data["rows"])
 ERROR = "error"  # a stage failed (data["message"]); rid set when one request failed
 STOPPED = "stopped"  # a stage left its loop
+POLICY = "policy"  # the shared stage switched policy (data["policy"])
 
 SPEECH = "speech"
 
@@ -58,6 +59,7 @@ class RequestSpec:
     input_tokens: int = 64
     audio_seconds: float = 0.0
     images: int = 0
+    video_seconds: float = 0.0
     output_tokens: int = 16  # shared-stage (thinker) tokens
     downstream_tokens: int | None = None  # talker codes (speech) / denoising steps (image)
 
@@ -67,6 +69,13 @@ class Admit:
     spec: RequestSpec
     arrival: float  # monotonic stamp taken by the front process
     downstream: str | None  # SPEECH / IMAGE for long-path classes, None for short-path
+
+
+@dataclass(slots=True, frozen=True)
+class SetPolicy:
+    """Swap the shared stage's policy between runs (models stay loaded; stage must be idle)."""
+
+    policy: str
 
 
 @dataclass(slots=True, frozen=True)

@@ -36,7 +36,8 @@ def parse_request(body: dict[str, Any]) -> tuple[RequestSpec, float]:
     """A RequestSpec and wait timeout from the JSON body; ValueError names the bad field."""
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
-    known = {"id", "priority", "class", *_INT_FIELDS, "audio_seconds", "downstream_tokens"}
+    known = {"id", "priority", "class", *_INT_FIELDS, "audio_seconds", "video_seconds"}
+    known.add("downstream_tokens")
     unknown = set(body) - known - {"timeout_s"}
     if unknown:
         raise ValueError(f"unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -55,11 +56,12 @@ def parse_request(body: dict[str, Any]) -> tuple[RequestSpec, float]:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"'{name}' must be a non-negative integer")
             values[name] = v
-    if "audio_seconds" in body:
-        v = body["audio_seconds"]
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ValueError("'audio_seconds' must be a non-negative number")
-        values["audio_seconds"] = float(v)
+    for name in ("audio_seconds", "video_seconds"):
+        if name in body:
+            v = body[name]
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise ValueError(f"'{name}' must be a non-negative number")
+            values[name] = float(v)
     down = body.get("downstream_tokens")
     if down is not None and (isinstance(down, bool) or not isinstance(down, int) or down <= 0):
         raise ValueError("'downstream_tokens' must be a positive integer")

@@ -133,6 +133,36 @@ def test_backend_runs_a_mixed_trace(backend: ReferenceBackend) -> None:
     assert max(r["decode_batch"] + r["prefill_batch"] for r in result.trace) <= 8
 
 
+def test_policy_switch_and_bench_trace(backend: ReferenceBackend) -> None:
+    np = pytest.importorskip("numpy")
+    from horizonserve.runtime.sim.trace import Trace
+
+    n = 6
+    trace = Trace(
+        classes=("text", "speech", "image"),
+        cls=np.array([0, 1, 2, 0, 1, 2]),
+        arrival=np.linspace(0.0, 0.1, n),
+        text_tokens=np.full(n, 12),
+        audio_s=np.array([0.0, 1.5, 0.0, 0.0, 0.0, 0.0]),
+        images=np.array([0, 0, 1, 0, 0, 0]),
+        video_s=np.zeros(n),
+        output_tokens=np.full(n, 3),
+        output_audio_s=np.array([0.0, 2.0, 0.0, 0.0, 1.0, 0.0]),
+    )
+    backend.set_policy("fcfs")
+    try:
+        result = backend.run_trace(trace, drain_timeout_s=60)
+    finally:
+        backend.set_policy("horizon")
+    assert result.policy == "fcfs" and result.unfinished == 0
+    assert [r["class"] for r in result.records] == ["text", "speech", "image"] * 2
+    assert all(r["slo_met"] is not None for r in result.records)
+    phases = {row["phase"] for row in result.trace}
+    assert phases == {"all"}  # fcfs: no rotation
+    speech = [r for r in result.records if r["class"] == "speech"]
+    assert [r["info"]["samples"] > 0 for r in speech] == [True, True]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -34,6 +34,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     Admit,
     Event,
     Handoff,
+    SetPolicy,
     WireTensor,
 )
 from horizonserve.runtime.policy import SchedulingPolicy, StepDecision
@@ -103,12 +104,20 @@ class SharedStage:
     def prompt_len(self, admit: Admit) -> int:
         s, p = admit.spec, self.preset
         n = s.input_tokens + round(s.audio_seconds * p.tokens_per_audio_second)
+        n += round(s.video_seconds * p.tokens_per_video_second)
         return max(1, n + s.images * p.tokens_per_image)
+
+    def set_policy(self, policy: SchedulingPolicy) -> None:
+        """Replace the policy; only between runs (nothing waiting or running)."""
+        if not self.idle:
+            raise RuntimeError("cannot switch policy while requests are in the stage")
+        self.policy = policy
 
     def submit(self, admit: Admit) -> None:
         s = admit.spec
         try:
-            features = InputFeatures(s.input_tokens, s.audio_seconds, s.images)
+            video_tokens = round(s.video_seconds * self.preset.tokens_per_video_second)
+            features = InputFeatures(s.input_tokens + video_tokens, s.audio_seconds, s.images)
             sig = self.policy.admit(
                 s.rid,
                 admit.arrival,
@@ -297,6 +306,8 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         for msg in drain(in_q, block=stage.idle):
             if msg is None:
                 stop = True
+            elif isinstance(msg, SetPolicy):
+                switch_policy(stage, config, msg.policy, events)
             else:
                 stage.submit(msg)
         if stop or watch.gone(time.monotonic()):
@@ -309,6 +320,18 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     events.put(Event(STOPPED, STAGE, time.monotonic(), data=memory_info(device)))
     sm.close()
     record.close()
+
+
+def switch_policy(stage: SharedStage, config: ServingConfig, name: str, events: Any) -> None:
+    from horizonserve.runtime.engine.reference.protocol import POLICY
+    from horizonserve.runtime.policy import make_policy
+
+    try:
+        stage.set_policy(make_policy(name, config.model_copy(update={"policy": name})))
+    except (RuntimeError, ValueError) as exc:
+        events.put(Event(ERROR, STAGE, time.monotonic(), data={"message": str(exc)}))
+        return
+    events.put(Event(POLICY, STAGE, time.monotonic(), data={"policy": name}))
 
 
 def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> None:
