@@ -70,6 +70,9 @@ class ServiceState:
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     role_names: tuple[str, ...] | None = None
     rbac_ready: bool = False
+    # Errors of the last pass that wrote something (e.g. pod creation refused by admission),
+    # shown in the status until a pass succeeds.
+    errors: tuple[str, ...] = ()
     _parsed_key: str | None = None
     _parsed: Parsed | None = None
 
@@ -208,6 +211,7 @@ async def sync_pods(
         spec.rollout.max_unavailable,
     )
     if the_plan.empty:
+        svc.errors = ()
         return the_plan
 
     def build(node: str) -> dict[str, Any]:
@@ -225,6 +229,7 @@ async def sync_pods(
     )
     for err in errors:
         log.warning("%s/%s: %s", owner.namespace, owner.name, err)
+    svc.errors = tuple(errors)
     return the_plan
 
 
@@ -251,6 +256,7 @@ def observe(
         selection=selection,
         pods=index_pods(pods_index, owner.namespace, owner.name),
         template_hash=parsed.template_hash,
+        write_errors=svc.errors,
     )
 
 
@@ -290,7 +296,7 @@ async def run_reconciler(
         try:
             nodes_index, pods_index = indices()
             await sync_pods(state, owner, body.get("spec") or {}, nodes_index, pods_index)
-            failures = 0
+            failures = failures + 1 if svc.errors else 0  # refused writes back off too
         except (TimeoutError, KubeError, OSError, aiohttp.ClientError) as exc:
             failures += 1
             log.warning("%s/%s: reconcile failed (%s); retrying", owner.namespace, owner.name, exc)

@@ -46,6 +46,24 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         memo.hs = controller.OperatorState(CONFIG, kube.from_environment())
 
 
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same source as our own client (see kube.py)."""
+    cfg = kube.client_configuration()
+    scheme, _sep, token = (kube.bearer_token(cfg) or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        username=cfg.username or None,
+        password=cfg.password or None,
+    )
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     state: controller.OperatorState | None = getattr(memo, "hs", None)

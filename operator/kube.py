@@ -172,8 +172,12 @@ def _resource_of(path: str) -> str:
     return parts[-1] if parts else ""
 
 
-def from_environment(**kwargs: Any) -> Kube:
-    """A client from the in-cluster service account, else from KUBECONFIG / ~/.kube/config."""
+def client_configuration() -> Any:
+    """`kubernetes.client.Configuration` from the in-cluster service account, else KUBECONFIG.
+
+    KUBECONFIG is read now, not when `kubernetes` was imported (its default path is frozen at
+    import time), so tests and tools that set it later are honoured.
+    """
     import os
 
     from kubernetes import client, config
@@ -182,7 +186,20 @@ def from_environment(**kwargs: Any) -> Kube:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)
     else:
-        config.load_kube_config(client_configuration=cfg)
+        config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg
+        )
+    return cfg
+
+
+def bearer_token(cfg: Any) -> str | None:
+    """`Bearer <token>` (re-reading rotated service-account tokens through the config's hook)."""
+    return (cfg.auth_settings().get("BearerToken") or {}).get("value")
+
+
+def from_environment(**kwargs: Any) -> Kube:
+    """A client with the same credentials as `client_configuration()`."""
+    cfg = client_configuration()
     ctx: ssl.SSLContext | None = None
     if cfg.host.startswith("https"):
         ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert if cfg.verify_ssl else None)
@@ -191,8 +208,4 @@ def from_environment(**kwargs: Any) -> Kube:
             ctx.verify_mode = ssl.CERT_NONE
         if cfg.cert_file:
             ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-
-    def token() -> str | None:  # re-reads rotated service-account tokens via the config's hook
-        return (cfg.auth_settings().get("BearerToken") or {}).get("value")
-
-    return Kube(cfg.host, ssl_context=ctx, token_refresh=token, **kwargs)
+    return Kube(cfg.host, ssl_context=ctx, token_refresh=lambda: bearer_token(cfg), **kwargs)

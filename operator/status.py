@@ -6,9 +6,10 @@ the index, the previous status) and the current time; nothing here reads a clock
 Conditions (each with a CamelCase reason and a message for humans):
 
 * `Ready`: the spec is valid and every wanted node has a ready serving pod.
-  Reasons: Ready, InvalidSpec (the message starts with the field path), NoMatchingNodes,
-  NodesNotReady.
-* `NodesReady`: AllNodesReady, NodesNotReady (names the waiting nodes), NoMatchingNodes.
+  Reasons: Ready, InvalidSpec (the message starts with the field path), and otherwise the
+  NodesReady reason.
+* `NodesReady`: AllNodesReady, NodesNotReady (names the waiting nodes), NoMatchingNodes,
+  PodCreationFailed (the API server refused a serving pod, e.g. an unknown RuntimeClass).
 * `Calibrated`: Calibrated, CalibrationPending, CalibrationFailed, LadderFromSpec (mode skip
   with a ladder), CalibrationSkipped (mode skip, default ladder), NoMatchingNodes.
 * `MetricsAvailable`: SummariesFresh, NoSummaries, StaleSummaries, NoMatchingNodes.
@@ -76,6 +77,7 @@ class Observed:
     selection: Selection
     pods: Sequence[PodState]
     template_hash: str | None
+    write_errors: Sequence[str] = ()  # the reconciler's refused writes, newest pass
 
 
 @dataclasses.dataclass
@@ -297,6 +299,13 @@ def build_status(
         )
 
     nodes_ready = _nodes_ready(nodes, obs.template_hash)
+    if obs.write_errors and not nodes_ready[0]:
+        more = len(obs.write_errors) - 1
+        nodes_ready = (
+            False,
+            "PodCreationFailed",
+            obs.write_errors[0][:MAX_ERROR_CHARS] + (f" (and {more} more)" if more else ""),
+        )
     if obs.spec_error:
         ready = (False, "InvalidSpec", obs.spec_error)
     elif not nodes_ready[0]:

@@ -1,0 +1,187 @@
+"""Helpers for the real-API-server operator tests (and the scale benchmark).
+
+The control plane has no kubelet and no scheduler: the tests create Node objects themselves
+and play the kubelet (pod status) and the sidecar (summary annotation) where they need to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from horizonserve.operator import crd
+from horizonserve.operator.builders import LABEL_COMPONENT, LABEL_OSVC
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+OSVC_PATH = "/apis/horizonserve.io/v1alpha1/namespaces/{ns}/omniservices"
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2
+) -> T:
+    """Poll until `probe` returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def install_crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "-f", str(crd.default_path()))
+    cluster.kubectl(
+        "wait", "--for=condition=established", "--timeout=60s",
+        "crd/omniservices.horizonserve.io",
+    )  # fmt: skip
+
+
+def new_namespace(cluster: Any, prefix: str = "hs") -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    status, body = cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    assert status == 201, body
+    return name
+
+
+def delete_all_nodes(cluster: Any) -> None:
+    status, body = cluster.request("DELETE", "/api/v1/nodes")
+    assert status == 200, body
+    wait_for("no nodes", lambda: not cluster.request("GET", "/api/v1/nodes")[1]["items"])
+
+
+def node_body(name: str, *, gpu: bool = True, labels: dict[str, str] | None = None) -> dict:
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    if gpu:
+        capacity["nvidia.com/gpu"] = "1"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+def create_node(cluster: Any, name: str, *, gpu: bool = True, labels=None) -> None:
+    status, body = cluster.request("POST", "/api/v1/nodes", node_body(name, gpu=gpu, labels=labels))
+    assert status == 201, body
+
+
+def serving_pods(cluster: Any, ns: str, osvc: str | None = None) -> list[dict]:
+    selector = f"{LABEL_COMPONENT}=serving"
+    if osvc:
+        selector += f",{LABEL_OSVC}={osvc}"
+    status, body = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={selector}")
+    assert status == 200, body
+    return body["items"]
+
+
+def live(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def pod_node(pod: dict) -> str:
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    (value,) = terms[0]["matchFields"][0]["values"]
+    return value
+
+
+def get_osvc(cluster: Any, ns: str, name: str) -> dict | None:
+    status, body = cluster.request("GET", f"{OSVC_PATH.format(ns=ns)}/{name}")
+    return body if status == 200 else None
+
+
+def condition(osvc: dict | None, type_: str) -> dict:
+    for cond in ((osvc or {}).get("status") or {}).get("conditions") or ():
+        if cond["type"] == type_:
+            return cond
+    return {}
+
+
+def play_kubelet(cluster: Any, ns: str, pod: str, ready: bool = True) -> None:
+    """What a kubelet would report for a running pod."""
+    status = "True" if ready else "False"
+    body = {
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": status},
+                {"type": "ContainersReady", "status": status},
+            ],
+        }
+    }
+    code, resp = _merge_patch(cluster, f"/api/v1/namespaces/{ns}/pods/{pod}/status", body)
+    assert code == 200, resp
+
+
+def _merge_patch(cluster: Any, path: str, body: dict) -> tuple[int, Any]:
+    # cluster.request sends application/json; a PATCH needs a patch content type.
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        cluster.server + path, data=json.dumps(body).encode(), method="PATCH"
+    )
+    req.add_header("Authorization", f"Bearer {cluster.token}")
+    req.add_header("Content-Type", "application/merge-patch+json")
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=cluster._ssl_context()) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def merge_patch(cluster: Any, path: str, body: dict) -> dict:
+    code, resp = _merge_patch(cluster, path, body)
+    assert code == 200, resp
+    return resp
+
+
+@contextlib.contextmanager
+def operator_process(
+    cluster: Any, ns: str, liveness_port: int, log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m horizonserve.operator` as a real process (killed on exit if still alive)."""
+    env = cluster.env()
+    env.update(
+        HORIZONSERVE_NAMESPACE=ns,
+        HORIZONSERVE_LOG_LEVEL="INFO",
+        HORIZONSERVE_STATUS_INTERVAL="1",
+        HORIZONSERVE_RESYNC_INTERVAL="1",
+        HORIZONSERVE_LIVENESS=f"http://127.0.0.1:{liveness_port}/healthz",
+    )
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "horizonserve.operator"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def kopf_args(ns: str) -> list[str]:
+    return ["run", "--standalone", "-n", ns, "-m", "horizonserve.operator.handlers"]
+
+
+def env_kubeconfig(cluster: Any) -> dict[str, str]:
+    return {"KUBECONFIG": str(cluster.kubeconfig)}
+
