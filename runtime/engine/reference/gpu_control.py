@@ -1,18 +1,25 @@
 """How a stage process applies its SM cap and reads memory pressure (adapters over runtime.gpu).
 
 `open_sm_cap` returns an object whose `activate(sms)` makes the next kernels of this process
-run on `sms` SMs (a pre-allocated Green Context of that ladder level) or on the whole GPU
-(`sms=None`). Where the mechanism is missing — CPU runs, baselines, hardware or driver without
-Green Contexts — it returns `NoSmCap`, which logs once why and does nothing.
+run on `sms` SMs (a pre-allocated Green Context of that ladder level, `SmLadderContexts`) or on
+the whole GPU (`sms=None`). Where the mechanism is missing — CPU runs, hardware, driver or
+torch without Green Contexts — it returns `NoSmCap`, and `runtime.gpu` has logged why.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from horizonserve.runtime.gpu import SmLadderContexts
 
 log = logging.getLogger(__name__)
+
+# NVML refreshes memory activity every 1/6–1 s; sampling faster only re-reads the cache.
+NVML_MIN_INTERVAL_NS = 20_000_000
 
 
 class SmCap(Protocol):
@@ -38,23 +45,26 @@ class NoSmCap:
 
 
 class GreenContextCap:
-    """Adapter over the process's Green Context ladder from `runtime.gpu`."""
+    """Adapter over `runtime.gpu.SmLadderContexts`: SM counts in, ladder level indices out."""
 
-    def __init__(self, ladder: object, levels: Sequence[int]) -> None:
+    def __init__(self, ladder: SmLadderContexts) -> None:
         self._ladder = ladder
-        self.levels = tuple(levels)
-        self._current: int | None = None
+        self.levels = tuple(ladder.levels)
+        self.granted = tuple(ladder.granted_sms)
+        self.mode = ladder.mode
+        self._index = {sms: i for i, sms in enumerate(self.levels)}
 
     def activate(self, sms: int | None) -> None:
-        if sms == self._current:
+        if sms is None:
+            self._ladder.deactivate()
             return
-        self._ladder.activate(sms)  # type: ignore[attr-defined]
-        self._current = sms
+        i = self._index.get(sms)
+        if i is None:
+            raise ValueError(f"{sms} SMs is not a pre-allocated level {self.levels}")
+        self._ladder.activate(i)
 
     def close(self) -> None:
-        close = getattr(self._ladder, "close", None)
-        if close is not None:
-            close()
+        self._ladder.close()
 
 
 def open_sm_cap(device_type: str, device_index: int, levels: Sequence[int]) -> SmCap:
@@ -62,35 +72,41 @@ def open_sm_cap(device_type: str, device_index: int, levels: Sequence[int]) -> S
     if device_type != "cuda":
         return NoSmCap("not a CUDA device")
     if not levels:
-        return NoSmCap("uncapped policy")
-    try:
-        from horizonserve.runtime.gpu import SmLadderContexts  # type: ignore[attr-defined]
-    except ImportError as exc:
-        log.warning("SM cap unavailable (runtime.gpu ladder missing: %s); running uncapped", exc)
-        return NoSmCap(str(exc))
-    try:
-        ladder = SmLadderContexts(levels=list(levels), device_index=device_index)
-    except Exception as exc:
-        log.warning("SM cap unavailable (%s); running uncapped", exc)
-        return NoSmCap(str(exc))
-    return GreenContextCap(ladder, levels)
+        return NoSmCap("no SM levels (uncapped)")
+    from horizonserve.runtime.gpu import SmLadderContexts
+
+    ladder = SmLadderContexts(sorted(levels), device_index)
+    if not ladder.available:  # SmLadderContexts logged why
+        return NoSmCap(ladder.unavailable_reason or "Green Contexts unavailable")
+    log.info("SM ladder %s (granted %s, mode %s)", ladder.levels, ladder.granted_sms, ladder.mode)
+    return GreenContextCap(ladder)
 
 
 def open_pressure_sampler(device_type: str, device_index: int) -> Callable[[], float | None]:
-    """A zero-argument sampler of the normalised memory-activity signal, or one that says None."""
+    """Zero-argument sampler of NVML memory activity in [0, 1]; None while unknown."""
     if device_type != "cuda":
         return _unknown
-    try:
-        from horizonserve.runtime.gpu import NvmlSampler  # type: ignore[attr-defined]
-    except ImportError as exc:
-        log.warning("memory-pressure sampler unavailable (%s); pressure is unknown", exc)
+    from horizonserve.runtime.gpu import NvmlPressureSampler
+
+    sampler = NvmlPressureSampler(device_index, min_interval_ns=NVML_MIN_INTERVAL_NS)
+    if not sampler.available:  # the sampler logged why
         return _unknown
-    try:
-        sampler = NvmlSampler(device_index)
-    except Exception as exc:
-        log.warning("memory-pressure sampler unavailable (%s); pressure is unknown", exc)
-        return _unknown
-    return sampler.sample  # type: ignore[no-any-return]
+
+    def sample() -> float | None:
+        value = sampler.sample()
+        return None if math.isnan(value) else value
+
+    return sample
+
+
+def sm_info(sm: SmCap) -> dict[str, object]:
+    """What a stage reports about its SM mechanism at start-up."""
+    info: dict[str, object] = {"sm_cap": type(sm).__name__, "sm_levels": list(sm.levels)}
+    if isinstance(sm, GreenContextCap):
+        info.update(sm_granted=list(sm.granted), sm_mode=sm.mode)
+    elif isinstance(sm, NoSmCap):
+        info["sm_reason"] = sm.reason
+    return info
 
 
 def _unknown() -> float | None:

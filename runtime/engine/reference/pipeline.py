@@ -36,6 +36,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     HANDOFF,
     IMAGE,
     POLICY,
+    PROBE,
     READY,
     SPEECH,
     STOPPED,
@@ -43,6 +44,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     TRACE_COLUMNS,
     Admit,
     Event,
+    ProbeDecode,
     RequestSpec,
     SetPolicy,
 )
@@ -189,6 +191,9 @@ class Pipeline:
         self._stopped: set[str] = set()
         self._mps: Any = None
         self._policy_ack: str | None = None
+        self._probe: dict[str, Any] | None = None
+        self._mps_env: dict[str, str | None] = {}
+        self.mps_active = False
         self.on_event: Callable[[Event], None] | None = None  # test hook
         self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
 
@@ -327,17 +332,28 @@ class Pipeline:
 
     # -- MPS (baselines' GPU-sharing mode) --------------------------------------------------------
     def _start_mps(self) -> None:
-        try:
-            from horizonserve.runtime.gpu import mps  # type: ignore[attr-defined]
-        except ImportError as exc:
-            log.warning("MPS mode requested but runtime.gpu.mps is unavailable: %s", exc)
+        """Start a private MPS daemon; stage processes inherit its client environment."""
+        from horizonserve.runtime.gpu import MpsDaemon, mps_available
+
+        if not mps_available():
+            log.warning("MPS mode requested but nvidia-cuda-mps-control is missing: no MPS")
+            self.mps_active = False
             return
-        self._mps = mps.start()  # type: ignore[attr-defined]
+        daemon = MpsDaemon()
+        daemon.start()
+        env = daemon.client_env()
+        self._mps_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # spawned stage processes inherit it
+        self._mps = daemon
+        self.mps_active = True
 
     def _stop_mps(self) -> None:
-        stop = getattr(self._mps, "stop", None)
-        if stop is not None:
-            stop()
+        for key, value in self._mps_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._mps.stop()
         self._mps = None
 
     # -- requests ---------------------------------------------------------------------------
@@ -370,16 +386,20 @@ class Pipeline:
         self._queues["shared"].put(Admit(spec, arrival, downstream))
         return handle
 
+    def _wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.in_flight():
+            if time.monotonic() >= deadline:
+                raise PipelineError("requests still in flight")
+            time.sleep(0.01)
+
     def set_policy(self, policy: str, timeout: float = 30.0) -> None:
         """Switch the shared stage's policy between runs; waits until nothing is in flight."""
         if self.config is None or not self._running:
             raise PipelineError("pipeline is not running")
         name = PolicyName(policy)
         deadline = time.monotonic() + timeout
-        while self.in_flight():
-            if time.monotonic() >= deadline:
-                raise PipelineError("requests still in flight; cannot switch policy")
-            time.sleep(0.01)
+        self._wait_idle(timeout)
         with self._ready:
             self._policy_ack = None
             self._queues["shared"].put(SetPolicy(name.value))
@@ -391,6 +411,24 @@ class Pipeline:
                     raise PipelineError(f"shared stage did not confirm policy {name.value}")
                 self._ready.wait(min(left, 0.1))
         self.config = self.config.model_copy(update={"policy": name})
+
+    def probe_decode(
+        self, batch: int, context: int, steps: int = 20, timeout: float = 300.0
+    ) -> dict[str, Any]:
+        """Decode step time of a dummy batch alone at every shared-stage SM level."""
+        if not self._running:
+            raise PipelineError("pipeline is not running")
+        self._wait_idle(timeout)
+        with self._ready:
+            self._probe = None
+            self._queues["shared"].put(ProbeDecode(batch, context, steps))
+            deadline = time.monotonic() + timeout
+            while self._probe is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PipelineError("no probe result in time")
+                self._ready.wait(min(left, 0.1))
+            return self._probe
 
     def health(self) -> dict[str, Any]:
         stages = {
@@ -442,9 +480,11 @@ class Pipeline:
             pressure = last[4]
             self.metrics.step(last[1], last[2], pressure, last[10])
             return
-        if kind in (READY, STOPPED, ERROR, POLICY) and ev.rid is None:
+        if kind in (READY, STOPPED, ERROR, POLICY, PROBE) and ev.rid is None:
             with self._ready:
-                if kind == POLICY:
+                if kind == PROBE:
+                    self._probe = ev.data
+                elif kind == POLICY:
                     self._policy_ack = ev.data["policy"]
                 elif kind == READY:
                     self.stage_info[ev.stage] = ev.data

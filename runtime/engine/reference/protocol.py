@@ -27,6 +27,7 @@ TRACE = "trace"  # shared-stage step rows (data["rows"])
 ERROR = "error"  # a stage failed (data["message"]); rid set when one request failed
 STOPPED = "stopped"  # a stage left its loop
 POLICY = "policy"  # the shared stage switched policy (data["policy"])
+PROBE = "probe"  # decode step times per SM level (data: see ProbeDecode)
 
 SPEECH = "speech"
 
@@ -76,6 +77,15 @@ class SetPolicy:
     """Swap the shared stage's policy between runs (models stay loaded; stage must be idle)."""
 
     policy: str
+
+
+@dataclass(slots=True, frozen=True)
+class ProbeDecode:
+    """Time `steps` decode iterations of a dummy batch alone at every SM level (stage idle)."""
+
+    batch: int
+    context: int  # cached tokens per sequence
+    steps: int
 
 
 @dataclass(slots=True, frozen=True)

@@ -163,6 +163,14 @@ def test_policy_switch_and_bench_trace(backend: ReferenceBackend) -> None:
     assert [r["info"]["samples"] > 0 for r in speech] == [True, True]
 
 
+def test_decode_probe_reports_each_sm_level(backend: ReferenceBackend) -> None:
+    probe = backend.pipeline.probe_decode(batch=3, context=20, steps=4)
+    assert probe["batch"] == 3 and probe["steps"] == 4
+    assert list(probe["levels"]) == ["132"]  # CPU: no ladder, the whole "GPU" only
+    assert probe["levels"]["132"]["p50_s"] > 0
+    assert backend.pipeline.health()["ok"]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -18,7 +18,7 @@ import time
 from typing import Any, Protocol
 
 from horizonserve.runtime.config import ServingConfig
-from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap
+from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap, sm_info
 from horizonserve.runtime.engine.reference.protocol import READY, STOPPED, Event
 from horizonserve.runtime.engine.reference.stages.common import (
     ParentWatch,
@@ -93,7 +93,7 @@ class DownstreamLoop:
         return pick_level(self.levels, sms)
 
     def serve(self, stage: DownstreamStage, info: dict[str, Any]) -> None:
-        info = {**info, "sm_levels": self.levels, "sm_cap": type(self.sm).__name__}
+        info = {**info, **sm_info(self.sm)}
         info.update(memory_info(self.device))
         self.events.put(Event(READY, self.name, time.monotonic(), data=info))
         watch = ParentWatch()

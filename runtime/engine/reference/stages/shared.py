@@ -34,6 +34,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     Admit,
     Event,
     Handoff,
+    ProbeDecode,
     SetPolicy,
     WireTensor,
 )
@@ -234,6 +235,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     from horizonserve.runtime.engine.reference.gpu_control import (
         open_pressure_sampler,
         open_sm_cap,
+        sm_info,
     )
     from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
     from horizonserve.runtime.engine.reference.protocol import READY, STOPPED
@@ -295,8 +297,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         "params": preset.thinker.params(),
         "load_s": time.monotonic() - t_load,
         "kv_cache_gib": executor.cache.nbytes() / 2**30,
-        "sm_levels": list(getattr(sm, "levels", ())),
-        "sm_cap": type(sm).__name__,
+        **sm_info(sm),
         **memory_info(device),
     }
     events.put(Event(READY, STAGE, time.monotonic(), data=info))
@@ -308,6 +309,8 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
                 stop = True
             elif isinstance(msg, SetPolicy):
                 switch_policy(stage, config, msg.policy, events)
+            elif isinstance(msg, ProbeDecode):
+                events.put(probe_decode(stage, sm, msg, config.ladder.total))
             else:
                 stage.submit(msg)
         if stop or watch.gone(time.monotonic()):
@@ -332,6 +335,39 @@ def switch_policy(stage: SharedStage, config: ServingConfig, name: str, events: 
         events.put(Event(ERROR, STAGE, time.monotonic(), data={"message": str(exc)}))
         return
     events.put(Event(POLICY, STAGE, time.monotonic(), data={"policy": name}))
+
+
+def probe_decode(stage: SharedStage, sm: SmCap, probe: ProbeDecode, total_sms: int) -> Event:
+    """Decode-only step times of a dummy batch at every SM level (the stage must be idle)."""
+    from horizonserve.runtime.engine.reference.protocol import PROBE
+
+    if not stage.idle:
+        return Event(ERROR, STAGE, time.monotonic(), data={"message": "probe: stage is busy"})
+    batcher, executor = stage.batcher, stage.executor
+    batch = max(1, min(probe.batch, batcher.limits.max_batch))
+    context, target = batcher.fit(probe.context, probe.steps + 1)
+    levels: dict[str, dict[str, float]] = {}
+    for level in (None, *sm.levels):
+        sm.activate(level)
+        seqs = [Sequence(f"probe-{i}", context, target) for i in range(batch)]
+        plan = batcher.plan(seqs)
+        executor.prefill(plan.prefill)
+        times = []
+        for _ in range(target - 1):
+            t0 = time.monotonic()
+            executor.decode(seqs)
+            times.append(time.monotonic() - t0)
+        for seq in seqs:
+            batcher.finish(seq)
+        times.sort()
+        levels[str(total_sms if level is None else level)] = {
+            "mean_s": sum(times) / len(times),
+            "p50_s": times[len(times) // 2],
+            "min_s": times[0],
+        }
+    sm.activate(None)
+    data = {"batch": batch, "context": context, "steps": target - 1, "levels": levels}
+    return Event(PROBE, STAGE, time.monotonic(), data=data)
 
 
 def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> None:
