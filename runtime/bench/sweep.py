@@ -163,14 +163,50 @@ def findings(raw: dict[str, Any]) -> dict[str, Any]:
                 "falls": len(vals) >= 2 and vals[-1] < vals[0],
                 "non_increasing": all(b <= a + 0.02 for a, b in itertools.pairwise(vals)),
             }
+    rep = representative_rate(raw)
+    if rep is not None:
+        f["per_class_p95"] = _p95_reduction(_at(rate_rows, "rate", rep), rep)
     sim_s = sum(r["stats"]["sim_s"] or 0.0 for r in raw["results"])
-    wall_s = sum(r["stats"]["wall_s"] or 0.0 for r in raw["results"])
+    cpu_s = sum(r["stats"]["cpu_s"] or 0.0 for r in raw["results"])
     f["speed"] = {
         "simulated_s": sim_s,
-        "cpu_s": wall_s,
-        "per_core_x_real_time": sim_s / wall_s if wall_s else None,
+        "cpu_s": cpu_s,
+        "per_core_x_real_time": sim_s / cpu_s if cpu_s else None,
         "sweep_x_real_time": sim_s / raw["timing"]["sweep_wall_s"]
         if raw["timing"]["sweep_wall_s"]
         else None,
     }
     return f
+
+
+def representative_rate(raw: dict[str, Any], floor: float = 0.7) -> float | None:
+    """The highest swept rate at which HorizonServe still attains `floor` (else the lowest)."""
+    rows = select(raw, "rate", "horizon")
+    if not rows:
+        return None
+    ok = [r["point"]["rate"] for r in rows if (r["attainment"] or 0.0) >= floor]
+    return max(ok) if ok else min(r["point"]["rate"] for r in rows)
+
+
+def _p95_reduction(by_system: dict[str, dict[str, Any]], rate: float) -> dict[str, Any]:
+    """Per class: HorizonServe's p95 vs the best (lowest) baseline p95 (None = unbounded)."""
+    h = by_system.get("horizon")
+    if h is None:
+        return {}
+    out: dict[str, Any] = {}
+    reductions = []
+    for name, c in h["classes"].items():
+        base = [by_system[s]["classes"][name]["p95_s"] for s in BASELINES if s in by_system]
+        finite = [b for b in base if b is not None]
+        best = min(finite) if len(finite) == len(base) and finite else None
+        hp = c["p95_s"]
+        red = None
+        if hp is not None:
+            red = 1.0 - hp / best if best else 1.0  # an unbounded baseline p95: full reduction
+            reductions.append(red)
+        out[name] = {"horizon_p95_s": hp, "best_baseline_p95_s": best, "reduction": red}
+    return {
+        "rate": rate,
+        "classes": out,
+        "mean_reduction": sum(reductions) / len(reductions) if reductions else None,
+    }

@@ -348,6 +348,7 @@ class Simulator:
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
+        cpu0 = time.process_time()
         tr = self.trace
         n = len(tr)
         targets = self.setup.targets()
@@ -380,9 +381,10 @@ class Simulator:
         for s in self.stages:
             s.finish(now)
         wall = time.perf_counter() - wall0
-        return self._result(now, wall)
+        cpu = time.process_time() - cpu0
+        return self._result(now, wall, cpu)
 
-    def _result(self, end: float, wall: float) -> SimResult:
+    def _result(self, end: float, wall: float, cpu: float) -> SimResult:
         setup = self.setup
         tr = self.trace
         n = len(tr)
@@ -400,7 +402,9 @@ class Simulator:
         stats = {
             "sim_s": sim_s,
             "wall_s": wall,
+            "cpu_s": cpu,
             "speed_x": sim_s / wall if wall > 0 else float("inf"),
+            "cpu_speed_x": sim_s / cpu if cpu > 0 else float("inf"),
             "events": float(self.events_done),
             "iterations": float(self.iterations),
             "shared_busy_frac": self.busy_time / sim_s,

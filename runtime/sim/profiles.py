@@ -68,15 +68,28 @@ def derive_profile(
     )
 
 
+SOLO_REQUESTS = 200  # requests per class behind the shipped solo_p95_s defaults (seed 0)
+
+
 def write_pipeline(name: str, path: str) -> None:
-    """Refresh the profiles (and keep everything else) of a shipped pipeline file."""
+    """Refresh the profiles and the simulated solo p95 defaults of a shipped pipeline file."""
+    from horizonserve.runtime.config import PipelineSpec
+    from horizonserve.runtime.sim.setup import SimSetup
+    from horizonserve.runtime.sim.solo import measure_solo_p95
+
     with open(path) as f:
         data = json.load(f)
-    cal = load_artifact().pipeline(name)
+    artifact = load_artifact()
+    cal = artifact.pipeline(name)
     wl = load_workload(name)
     for c in data["slo"]["classes"]:
         rc = RequestClass.model_validate(c)
         c["profile"] = derive_profile(cal, wl, wl.get(rc.name), rc).model_dump()
+    spec = PipelineSpec.model_validate(data)
+    setup = SimSetup(spec=spec, cal=cal, slo=spec.slo)
+    p95 = measure_solo_p95(setup, wl, n=SOLO_REQUESTS, seed=0)
+    for c in data["slo"]["classes"]:
+        c["solo_p95_s"] = round(p95[c["name"]], 4)
     with open(path, "w") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
         f.write("\n")
