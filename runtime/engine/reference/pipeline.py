@@ -386,6 +386,21 @@ class Pipeline:
         self._queues["shared"].put(Admit(spec, arrival, downstream))
         return handle
 
+    def _wait_locked(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait (holding `_ready`) until `done()`; fail fast on a stage error or death."""
+        errors = len(self.errors)
+        deadline = time.monotonic() + timeout
+        while not done():
+            if len(self.errors) > errors:
+                raise PipelineError(f"{what}: {self.errors[-1]}")
+            dead = [n for n, p in self._procs.items() if p.exitcode is not None]
+            if dead:
+                raise PipelineError(f"{what}: stage process exited: {dead}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PipelineError(f"{what}: no answer from the shared stage in {timeout} s")
+            self._ready.wait(min(left, 0.1))
+
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self.in_flight():
@@ -398,18 +413,11 @@ class Pipeline:
         if self.config is None or not self._running:
             raise PipelineError("pipeline is not running")
         name = PolicyName(policy)
-        deadline = time.monotonic() + timeout
         self._wait_idle(timeout)
         with self._ready:
             self._policy_ack = None
             self._queues["shared"].put(SetPolicy(name.value))
-            while self._policy_ack != name.value:
-                if self.errors and self.errors[-1].startswith("shared: cannot switch"):
-                    raise PipelineError(self.errors[-1])
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PipelineError(f"shared stage did not confirm policy {name.value}")
-                self._ready.wait(min(left, 0.1))
+            self._wait_locked(lambda: self._policy_ack == name.value, timeout, "policy switch")
         self.config = self.config.model_copy(update={"policy": name})
 
     def probe_decode(
@@ -422,12 +430,8 @@ class Pipeline:
         with self._ready:
             self._probe = None
             self._queues["shared"].put(ProbeDecode(batch, context, steps))
-            deadline = time.monotonic() + timeout
-            while self._probe is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PipelineError("no probe result in time")
-                self._ready.wait(min(left, 0.1))
+            self._wait_locked(lambda: self._probe is not None, timeout, "decode probe")
+            assert self._probe is not None
             return self._probe
 
     def health(self) -> dict[str, Any]:

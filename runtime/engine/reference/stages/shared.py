@@ -350,8 +350,11 @@ def probe_decode(stage: SharedStage, sm: SmCap, probe: ProbeDecode, total_sms: i
     for level in (None, *sm.levels):
         sm.activate(level)
         seqs = [Sequence(f"probe-{i}", context, target) for i in range(batch)]
-        plan = batcher.plan(seqs)
-        executor.prefill(plan.prefill)
+        pending = seqs
+        while pending:  # the prefill budget may split the batch's prompts over iterations
+            plan = batcher.plan(pending)
+            executor.prefill(plan.prefill)
+            pending = pending[len(plan.prefill) :]
         times = []
         for _ in range(target - 1):
             t0 = time.monotonic()
