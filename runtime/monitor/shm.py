@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import time
 from pathlib import Path
 
 #: Environment variable that overrides the directory for all shared-memory files.
@@ -56,3 +57,35 @@ def open_mapping(path: str | os.PathLike[str], min_size: int) -> tuple[int, mmap
     except BaseException:
         os.close(fd)
         raise
+
+
+#: A seqlock reader gives up when one group stays mid-write this long (its writer likely died).
+STUCK_TIMEOUT_S = 1.0
+
+
+class Backoff:
+    """Pacing of a seqlock reader's retries: spin, yield the CPU every 64 tries, time out.
+
+    Time-based, not count-based: a writer preempted mid-write on a busy host can hold a group
+    odd for many milliseconds, which is no reason to fail.
+    """
+
+    __slots__ = ("_deadline", "_timeout_s", "_tries")
+
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self._tries = 0
+        self._timeout_s = STUCK_TIMEOUT_S if timeout_s is None else timeout_s
+        self._deadline: float | None = None
+
+    def again(self) -> bool:
+        """Call after a failed attempt; False once the timeout has passed."""
+        self._tries += 1
+        if self._tries & 63:
+            return True
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + self._timeout_s
+        elif now > self._deadline:
+            return False
+        os.sched_yield()  # let a preempted writer on this CPU finish its update
+        return True
