@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import logging
 import math
+import platform
 import random
 import subprocess
 import sys
