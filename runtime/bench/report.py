@@ -60,6 +60,9 @@ def summary_table(raw: dict[str, Any]) -> str:
                 )
             tag = fmt.format(v) + (f" @{rows[0]['point']['rate']:g}/s" if sweep == "long" else "")
             lines.append(f"{tag:>16}" + "".join(f"{c:>14}" for c in cells))
+    rep = representative_rate(raw)
+    if rep is not None:
+        lines += ["", *_detail_lines(raw, rep)]
     f = raw.get("findings", {})
     lines.append("")
     lines += findings_lines(f)
@@ -68,6 +71,25 @@ def summary_table(raw: dict[str, Any]) -> str:
         f"wall: {t.get('total_wall_s', 0):.1f} s (solo SLO runs {t.get('solo_wall_s', 0):.1f} s)"
     )
     return "\n".join(lines)
+
+
+def _detail_lines(raw: dict[str, Any], rate: float) -> list[str]:
+    """Goodput, shared-stage TPOT and the SM cap per system at one rate (cf. paper Table 3)."""
+    rows = [r for r in select(raw, "rate") if r["point"]["rate"] == rate]
+    out = [
+        f"at λ={rate:g}/s: {'system':<22}{'attain':>8}{'goodput/s':>11}"
+        f"{'TPOT p50/p95 ms':>17}{'co-run':>8}{'cap':>6}"
+    ]
+    for r in rows:
+        st = r["stats"]
+        tpot = f"{r['tpot_p50_ms'] or 0:.1f}/{r['tpot_p95_ms'] or 0:.1f}"
+        cap = st.get("mean_cap_corun")
+        out.append(
+            f"{'':>{len(f'at λ={rate:g}/s: ')}}{_label(r['system']):<22}"
+            f"{_pct(r['attainment']):>8}{r['goodput_rps']:>11.2f}{tpot:>17}"
+            f"{100 * (st.get('corun_frac') or 0):>7.0f}%{'' if cap is None else f'{cap:.0f}':>6}"
+        )
+    return out
 
 
 def findings_lines(f: dict[str, Any]) -> list[str]:
@@ -254,12 +276,22 @@ def fig_trace(raw: dict[str, Any], path: Path) -> None:
 
 
 def write_report(raw: dict[str, Any], out_dir: Path, plots: bool = True) -> list[Path]:
-    """results.json, summary.txt and the figures; returns the paths written."""
+    """results.json, trace.json, summary.txt and the figures; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    traces = [r["trace"] for r in raw["results"] if r.get("trace")]
+    slim = {
+        **raw,
+        "results": [{k: v for k, v in r.items() if k != "trace"} for r in raw["results"]],
+    }
     p = out_dir / "results.json"
-    p.write_text(json.dumps(clean_json(raw), indent=1, allow_nan=False) + "\n")
+    p.write_text(json.dumps(clean_json(slim), indent=1, allow_nan=False) + "\n")
     written.append(p)
+    if traces:  # the control trace (Fig. 10), compact
+        p = out_dir / "trace.json"
+        data = {"label": raw["label"], "trace": traces[0]}
+        p.write_text(json.dumps(clean_json(data), allow_nan=False) + "\n")
+        written.append(p)
     p = out_dir / "summary.txt"
     p.write_text(summary_table(raw) + "\n")
     written.append(p)
