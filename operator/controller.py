@@ -171,10 +171,17 @@ def index_pods(
 async def ensure_rbac(
     kube: Kube, owner: builders.Owner, svc: ServiceState, pod_names: Iterable[str]
 ) -> None:
-    """ServiceAccount + Role + RoleBinding of the sidecars (create, or fix the Role's rules)."""
+    """ServiceAccount + Role + RoleBinding of the sidecars; afterwards only the Role's rules.
+
+    The first pass (also after a restart) creates all three, tolerating existing ones; later
+    passes patch the Role when the set of pod names changed, recreating it if it vanished.
+    """
     names = tuple(sorted(pod_names))
-    await kube.ensure(builders.node_service_account(owner))
     role = builders.node_role(owner, list(names))
+    if svc.rbac_ready and await kube.patch(role, {"rules": role["rules"]}):
+        svc.role_names = names
+        return
+    await kube.ensure(builders.node_service_account(owner))
     await kube.ensure(role, patch={"rules": role["rules"]})
     await kube.ensure(builders.node_role_binding(owner))
     svc.role_names = names

@@ -6,6 +6,7 @@ and play the kubelet (pod status) and the sidecar (summary annotation) where the
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import subprocess
@@ -148,12 +149,79 @@ def merge_patch(cluster: Any, path: str, body: dict) -> dict:
     return resp
 
 
+# The operator's RBAC as the Helm chart grants it in namespaced mode (charts/horizonserve/
+# templates/_rbac.tpl): cluster-scoped objects by a ClusterRole, the rest by a Role.
+CLUSTER_RULES = [
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+]  # fmt: skip
+NAMESPACED_RULES = [
+    {"apiGroups": ["horizonserve.io"], "resources": ["omniservices"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["horizonserve.io"], "resources": ["omniservices/status"],
+     "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["pods"],
+     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+]  # fmt: skip
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def operator_kubeconfig(cluster: Any, ns: str, path: Path) -> Path:
+    """A kubeconfig for ServiceAccount `horizonserve-operator` in `ns`, holding only the
+    chart's namespaced-mode RBAC (so a missing permission fails the test)."""
+    sa = "horizonserve-operator"
+    name = f"{sa}-{ns}"
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    for method, url, body in (
+        ("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": sa}}),
+        ("POST", f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": CLUSTER_RULES}),
+        ("POST", f"{RBAC}/clusterrolebindings", {
+            "metadata": {"name": name}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": name}}),
+        ("POST", f"{RBAC}/namespaces/{ns}/roles",
+         {"metadata": {"name": sa}, "rules": NAMESPACED_RULES}),
+        ("POST", f"{RBAC}/namespaces/{ns}/rolebindings", {
+            "metadata": {"name": sa}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}}),
+    ):  # fmt: skip
+        status, resp = cluster.request(method, url, body)
+        assert status in (201, 409), resp
+
+    def secret_name() -> str | None:
+        _, body = cluster.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}")
+        return (body.get("secrets") or [{}])[0].get("name")
+
+    secret = wait_for("the operator's token secret", secret_name)
+    _, body = cluster.request("GET", f"/api/v1/namespaces/{ns}/secrets/{secret}")
+    token = base64.b64decode(body["data"]["token"]).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {
+            "server": cluster.server, "certificate-authority": str(cluster.ca_file)}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": sa, "namespace": ns}}],
+        "current-context": "c",
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    return path
+
+
 @contextlib.contextmanager
 def operator_process(
-    cluster: Any, ns: str, liveness_port: int, log_path: Path
+    cluster: Any, ns: str, liveness_port: int, log_path: Path, kubeconfig: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m horizonserve.operator` as a real process (killed on exit if still alive)."""
     env = cluster.env()
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
     env.update(
         HORIZONSERVE_NAMESPACE=ns,
         HORIZONSERVE_LOG_LEVEL="INFO",
