@@ -84,7 +84,7 @@ CLUSTER_SCOPED_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): set(V),
     ("", "nodes"): set(V),
 }
-CLUSTER_WIDE_ONLY_RULES = {("", "namespaces"): set(V)}
+NAMESPACED_MODE_ONLY_RULES = {("", "namespaces"): set(V)}
 
 
 def rule_map(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -246,11 +246,8 @@ def test_cluster_wide_rbac_is_exactly_the_contract(helm_bin: str) -> None:
     docs = template(helm_bin)
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
-    assert rule_map(role["rules"]) == {
-        **NAMESPACED_RULES,
-        **CLUSTER_SCOPED_RULES,
-        **CLUSTER_WIDE_ONLY_RULES,
-    }
+    # kopf never reads namespaces when it runs cluster-wide.
+    assert rule_map(role["rules"]) == {**NAMESPACED_RULES, **CLUSTER_SCOPED_RULES}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -268,8 +265,11 @@ def test_cluster_wide_rbac_is_exactly_the_contract(helm_bin: str) -> None:
 def test_namespaced_mode_grants_namespaced_rules_in_that_namespace_only(helm_bin: str) -> None:
     docs = template(helm_bin, VARIANTS["namespaced"])
     assert env_of(container(docs))["HORIZONSERVE_NAMESPACE"] == "team-a"
-    # Nodes and CRD discovery stay cluster-scoped; namespaces are not needed at all.
-    assert rule_map(one(docs, "ClusterRole")["rules"]) == CLUSTER_SCOPED_RULES
+    # Nodes and CRD discovery stay cluster-scoped; kopf resolves its namespace from the list.
+    assert rule_map(one(docs, "ClusterRole")["rules"]) == {
+        **CLUSTER_SCOPED_RULES,
+        **NAMESPACED_MODE_ONLY_RULES,
+    }
     role = one(docs, "Role")
     assert role["metadata"]["namespace"] == "team-a"
     assert rule_map(role["rules"]) == NAMESPACED_RULES

@@ -44,8 +44,8 @@ pytestmark = pytest.mark.k8s
 
 OPERATOR_MODULE = "horizonserve.operator"
 SERVING_SELECTOR = "app.kubernetes.io/name=horizonserve,app.kubernetes.io/component=serving"
-# Every object the chart renders carries this label; every object the operator creates
-# carries app.kubernetes.io/name=horizonserve.
+# What the operator creates (the chart's own Role/RoleBinding in namespaced mode is not).
+OPERATOR_CHILDREN = "app.kubernetes.io/managed-by=horizonserve-operator"
 EXAMPLE = "qwen2_5_omni"
 
 
@@ -330,8 +330,10 @@ def test_chart_install_serve_uninstall(
             assert not can_i(cluster, sa_user, verb, resource, ns), (verb, resource)
         if mode == "namespaced":
             assert not can_i(cluster, sa_user, "create", "pods", "default")
-            assert not can_i(cluster, sa_user, "list", "namespaces")
             assert not can_i(cluster, sa_user, "list", "omniservices.horizonserve.io", "default")
+            assert can_i(cluster, sa_user, "watch", "namespaces")
+        else:  # kopf never reads namespaces when it runs cluster-wide
+            assert not can_i(cluster, sa_user, "list", "namespaces")
 
         # 3a. GPU nodes: two in the example's pool, one GPU-less, one in another pool.
         for name in wanted_nodes:
@@ -398,15 +400,23 @@ def test_chart_install_serve_uninstall(
                 "--timeout=60s",
             )
 
-            def children_gone() -> bool:
+            def children_left() -> list[str]:
                 left = []
                 for kind in ("pods", "serviceaccounts", "roles", "rolebindings"):
-                    left += names(
-                        cluster, kind, "-n", apps_ns, "-l", "app.kubernetes.io/name=horizonserve"
-                    )
-                return not left
+                    found = names(cluster, kind, "-n", apps_ns, "-l", OPERATOR_CHILDREN)
+                    left += [f"{kind}/{n}" for n in found]
+                return left
 
-            wait_for("the garbage collector to remove the operator's children", children_gone, 90)
+            try:
+                wait_for(
+                    "the garbage collector to remove the operator's children",
+                    lambda: not children_left(),
+                    90,
+                )
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}\nleft: {children_left()}\noperator log:\n{log_tail(log)}"
+                ) from None
             forbidden = [
                 line
                 for line in log.read_text(errors="replace").splitlines()

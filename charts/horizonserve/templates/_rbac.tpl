@@ -2,7 +2,7 @@
 The operator's RBAC rules, in two sets:
 
 - "horizonserve.rbac.clusterScopedRules": objects that exist only at cluster scope (nodes,
-  CRDs, namespaces). Always granted by a ClusterRole, in namespaced mode too.
+  CRDs; namespaces in namespaced mode). Always granted by a ClusterRole.
 - "horizonserve.rbac.namespacedRules": objects that live in namespaces (OmniServices, serving
   pods and their RBAC, events). Granted by the same ClusterRole in cluster-wide mode, or by a
   Role in operator.watchNamespace in namespaced mode.
@@ -24,9 +24,10 @@ escalation check lets it create that Role and its RoleBinding without `escalate`
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get", "list", "watch"]
-{{- if not .Values.operator.watchNamespace }}
-# Cluster-wide mode only: kopf follows namespaces appearing and disappearing while it serves
-# OmniServices in all of them.
+{{- if .Values.operator.watchNamespace }}
+# Namespaced mode only: kopf lists and watches namespaces to resolve the namespace it serves
+# (and notices it being created or deleted); without this it retries for about a minute at
+# every start before falling back. In cluster-wide mode kopf never reads namespaces.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
