@@ -121,6 +121,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--drain", type=float, default=30.0, help="seconds to wait after a trace")
+    ap.add_argument(
+        "--backlog-timeout", type=float, default=120.0, help="wait for leftovers before a switch"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -189,9 +192,13 @@ def main() -> int:
             raw = {"records": result.records, "trace": result.trace}
             (args.out / f"{policy}_raw.json").write_text(json.dumps(raw, default=str))
             save()
-            if result.unfinished:
-                print(f"{result.unfinished} requests unfinished after the drain; stopping here")
-                break
+            if result.unfinished:  # let the backlog finish so the next policy starts clean
+                print(f"{result.unfinished} requests unfinished after the drain; waiting")
+                try:
+                    backend.pipeline._wait_idle(args.backlog_timeout)
+                except Exception as exc:
+                    print(f"backlog did not clear: {exc!r}; stopping here")
+                    break
     summary["stopped_stages"] = {n: i.get("stopped") for n, i in pipe.stage_info.items()}
     summary["total_s"] = time.monotonic() - t0
     save()
