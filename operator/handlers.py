@@ -40,7 +40,7 @@ PODS_INDEX = "serving_pods"
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    op_settings.configure(settings)
+    op_settings.configure(settings, CONFIG)
     logging.getLogger("horizonserve").setLevel(CONFIG.log_level)
     if getattr(memo, "hs", None) is None:  # tests may inject their own state
         memo.hs = controller.OperatorState(CONFIG, kube.from_environment())

@@ -68,8 +68,14 @@ class OperatorConfig:
         )
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, config: OperatorConfig | None = None) -> None:
     """kopf settings; called from the startup handler."""
+    if config is not None and config.namespace:
+        # One fixed namespace: no namespace scanning. kopf would otherwise try to list
+        # namespaces cluster-wide (not granted in namespaced mode) and retry for about a
+        # minute before serving. The CRD must then exist when the operator starts (the chart
+        # installs it first); a restart picks up a CRD installed later.
+        settings.scanning.disabled = True
     # One replica (the chart's Deployment uses Recreate): no peering objects, no peering RBAC.
     settings.peering.standalone = True
     # Handler progress and the diff base live in our own annotations, never in `status`

@@ -208,6 +208,10 @@ async def test_settings_configure_and_env() -> None:
     assert s.peering.standalone is True
     assert s.persistence.finalizer == "horizonserve.io/finalizer"
     assert s.watching.server_timeout == 300 and s.watching.client_timeout > 300
+    assert s.scanning.disabled is False  # cluster-wide: follows namespaces and CRDs
+    namespaced = kopf.OperatorSettings()
+    settings.configure(namespaced, settings.OperatorConfig(namespace="serving"))
+    assert namespaced.scanning.disabled is True  # no cluster-wide namespace listing
     cfg = settings.OperatorConfig.from_env(
         {
             "HORIZONSERVE_NAMESPACE": "serving",
