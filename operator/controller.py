@@ -64,9 +64,7 @@ def parse(raw_spec: Mapping[str, Any], default_image: str, load: PipelineLoader)
 class ServiceState:
     """Per-OmniService memory: pending writes, last Role contents, wake-up event."""
 
-    expectations: reconcile.Expectations = dataclasses.field(
-        default_factory=reconcile.Expectations
-    )
+    expectations: reconcile.Expectations = dataclasses.field(default_factory=reconcile.Expectations)
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     role_names: tuple[str, ...] | None = None
     rbac_ready: bool = False
@@ -207,9 +205,7 @@ async def sync_pods(
         # Before any pod: the pods name the ServiceAccount, and admission wants it to exist.
         await ensure_rbac(state.kube, owner, svc, names)
     now = time.monotonic()
-    observed = svc.expectations.apply(
-        index_pods(pods_index, owner.namespace, owner.name), now
-    )
+    observed = svc.expectations.apply(index_pods(pods_index, owner.namespace, owner.name), now)
     the_plan = reconcile.plan(
         owner.name,
         selection,
@@ -231,9 +227,7 @@ async def sync_pods(
             template_hash=parsed.template_hash or "",
         )
 
-    errors = await reconcile.execute(
-        state.kube, the_plan, build, svc.expectations, time.monotonic
-    )
+    errors = await reconcile.execute(state.kube, the_plan, build, svc.expectations, time.monotonic)
     for err in errors:
         log.warning("%s/%s: %s", owner.namespace, owner.name, err)
     svc.errors = tuple(errors)
@@ -316,4 +310,3 @@ async def run_reconciler(
             await asyncio.sleep(SETTLE_S)
         except TimeoutError:
             pass
-

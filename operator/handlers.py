@@ -155,4 +155,3 @@ def _patch_status(
     )
     if diff:
         patch.setdefault("status", {}).update(diff)
-

@@ -179,7 +179,7 @@ def _calibrated(obs: Observed, nodes: list[_Node]) -> tuple[bool, str, str]:
         if n.summary is not None and n.summary.calibration_error
     ]
     if failed:
-        return False, "CalibrationFailed", _listing(failed)[:MAX_ERROR_CHARS * MAX_LISTED]
+        return False, "CalibrationFailed", _listing(failed)[: MAX_ERROR_CHARS * MAX_LISTED]
     done = [n.name for n in nodes if n.summary is not None and n.summary.calibrated]
     if len(done) == len(nodes):
         return True, "Calibrated", f"{len(done)}/{len(nodes)} nodes calibrated"
@@ -197,8 +197,7 @@ def _metrics(nodes: list[_Node], stale_after_s: float) -> tuple[bool, str, str]:
         return (
             True,
             "SummariesFresh",
-            f"{len(fresh)}/{len(nodes)} nodes published a summary in the last "
-            f"{stale_after_s:.0f}s",
+            f"{len(fresh)}/{len(nodes)} nodes published a summary in the last {stale_after_s:.0f}s",
         )
     if any(n.summary is not None for n in nodes):
         return False, "StaleSummaries", f"no summary newer than {stale_after_s:.0f}s"

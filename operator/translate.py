@@ -85,9 +85,7 @@ def slo_table(spec: OmniServiceSpec, pipeline: PipelineSpec) -> SloTable:
         raise _first_error(exc, "spec.slo") from None
 
 
-def serving_config(
-    spec: OmniServiceSpec, load: PipelineLoader = load_pipeline
-) -> ServingConfig:
+def serving_config(spec: OmniServiceSpec, load: PipelineLoader = load_pipeline) -> ServingConfig:
     """The ServingConfig every serving pod of this OmniService receives."""
     name = spec.pipeline.value
     try:

@@ -252,4 +252,3 @@ def kopf_args(ns: str) -> list[str]:
 
 def env_kubeconfig(cluster: Any) -> dict[str, str]:
     return {"KUBECONFIG": str(cluster.kubeconfig)}
-

@@ -191,6 +191,7 @@ async def test_handlers_module_registers_the_contract() -> None:
     assert {handlers.NODES_INDEX, handlers.PODS_INDEX} <= indexers
     spawning = {h.id for h in registry._spawning.get_all_handlers()}
     assert {"reconcile_pods", "aggregate_status"} <= spawning
+
     def on_nodes(h: Any) -> bool:
         return "nodes" in (h.selector.any_name, h.selector.plural)
 

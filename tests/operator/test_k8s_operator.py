@@ -314,9 +314,7 @@ spec: {pipeline: bagel, nodeSelector: {pool: omni}, rollout: {maxUnavailable: 1}
             return None
 
         after = wait_for("pods on the new spec", rolled, timeout=60)
-        assert all(
-            a["metadata"]["uid"] != before[n]["metadata"]["uid"] for n, a in after.items()
-        )
+        assert all(a["metadata"]["uid"] != before[n]["metadata"]["uid"] for n, a in after.items())
         assert '"policy":"edf"' in after["gpu-a"]["spec"]["containers"][0]["env"][0]["value"]
 
         # Relabel: gpu-c joins the pool, gpu-a leaves it.
@@ -327,8 +325,10 @@ spec: {pipeline: bagel, nodeSelector: {pool: omni}, rollout: {maxUnavailable: 1}
         cluster.kubectl("delete", "pod", "-n", ns, "roll-gpu-b", "--wait=false")
         wait_for(
             "pod recreated",
-            lambda: (p := _pods_by_node(cluster, ns).get("gpu-b"))
-            and p["metadata"]["uid"] != after["gpu-b"]["metadata"]["uid"],
+            lambda: (
+                (p := _pods_by_node(cluster, ns).get("gpu-b"))
+                and p["metadata"]["uid"] != after["gpu-b"]["metadata"]["uid"]
+            ),
         )
         cluster.kubectl("delete", "osvc", "-n", ns, "roll", "--wait=true")
 

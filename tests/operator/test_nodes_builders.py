@@ -107,13 +107,16 @@ def test_serving_pod_shape() -> None:
     pod = _pod()
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "qwen-omni-gpu-7" and meta["namespace"] == "serving"
-    assert meta["labels"].items() >= {
-        "app.kubernetes.io/name": "horizonserve",
-        "app.kubernetes.io/component": "serving",
-        "app.kubernetes.io/instance": "qwen-omni",
-        "horizonserve.io/omniservice": "qwen-omni",
-        "horizonserve.io/node": "gpu-7",
-    }.items()
+    assert (
+        meta["labels"].items()
+        >= {
+            "app.kubernetes.io/name": "horizonserve",
+            "app.kubernetes.io/component": "serving",
+            "app.kubernetes.io/instance": "qwen-omni",
+            "horizonserve.io/omniservice": "qwen-omni",
+            "horizonserve.io/node": "gpu-7",
+        }.items()
+    )
     (ref,) = meta["ownerReferences"]
     assert ref["kind"] == "OmniService" and ref["uid"] == "1234-uid" and ref["controller"]
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]

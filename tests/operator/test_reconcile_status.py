@@ -220,8 +220,9 @@ def test_transition_time_kept_while_status_holds() -> None:
     assert status.merge_patch(first, later) == {}
     flipped = status.build_status(_observed([], create=("a",)), now=NOW + 700, previous=later)
     ready = _conditions(flipped)["Ready"]
-    assert ready["status"] == "False" and ready["lastTransitionTime"] != (
-        _conditions(first)["Ready"]["lastTransitionTime"]
+    assert (
+        ready["status"] == "False"
+        and ready["lastTransitionTime"] != (_conditions(first)["Ready"]["lastTransitionTime"])
     )
 
 
