@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from horizonserve.operator.builders import LABEL_SPEC_HASH, pod_name
-from horizonserve.operator.kube import Kube, KubeError
+from horizonserve.operator.kube import Kube, KubeError, object_path
 from horizonserve.operator.nodes import Selection
 from horizonserve.operator.pods import PodState
 
@@ -129,6 +129,15 @@ class Expectations:
         return merged + [p for p, _ in self._created.values()]
 
 
+async def _ours(kube: Kube, body: Mapping[str, Any]) -> bool:
+    """After a 409: is the existing pod ours (a create that raced its own watch event)?"""
+    status, existing = await kube.request("GET", object_path(body), ok=(404,))
+    if status == 404:
+        return True  # gone again (being replaced): the next pass decides
+    owners = {r.get("uid") for r in (existing.get("metadata") or {}).get("ownerReferences") or ()}
+    return any(r["uid"] in owners for r in body["metadata"]["ownerReferences"])
+
+
 async def execute(
     kube: Kube,
     the_plan: Plan,
@@ -144,6 +153,11 @@ async def execute(
         meta = body["metadata"]
         try:
             outcome = await kube.create(body)
+            if outcome == "exists" and not await _ours(kube, body):
+                errors.append(
+                    f"create pod for node {node}: the name {meta['name']} is taken by a pod "
+                    "that this OmniService does not own"
+                )
         except KubeError as exc:
             errors.append(f"create pod for node {node}: {exc}")
             return

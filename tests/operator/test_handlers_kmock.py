@@ -106,11 +106,25 @@ async def test_restart_with_existing_pods_creates_nothing(kmock, state) -> None:
     assert _live_pods(kmock) == {"svc-g1", "svc-g2"}
 
 
-async def test_create_conflict_is_not_an_error(kmock, state) -> None:
-    kmock.objects[PODS, "ns", "svc-g1"] = {"metadata": {"name": "svc-g1", "namespace": "ns"}}
+async def test_create_conflict_with_our_own_pod_is_not_an_error(kmock, state) -> None:
+    ref = {"kind": "OmniService", "name": "svc", "uid": OWNER.uid, "controller": True}
+    kmock.objects[PODS, "ns", "svc-g1"] = {
+        "metadata": {"name": "svc-g1", "namespace": "ns", "ownerReferences": [ref]}
+    }
     result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
     assert result.create == ("g1",)
     assert len(kmock[PODS]["post"]) == 1
+    assert state.services[OWNER.uid].errors == ()
+
+
+async def test_pod_name_taken_by_a_stranger_is_reported(kmock, state) -> None:
+    kmock.objects[PODS, "ns", "svc-g1"] = {"metadata": {"name": "svc-g1", "namespace": "ns"}}
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    (error,) = state.services[OWNER.uid].errors
+    assert "svc-g1 is taken by a pod that this OmniService does not own" in error
+    patch = controller.status_patch(state, OWNER, SPEC, 1, {}, _nodes("g1"), {})
+    nodes_ready = next(c for c in patch["conditions"] if c["type"] == "NodesReady")
+    assert nodes_ready["reason"] == "PodCreationFailed"
 
 
 async def test_spec_update_replaces_outdated_pods(kmock, state) -> None:
