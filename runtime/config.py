@@ -219,6 +219,12 @@ class ControlParams(_Model):
     hysteresis_steps: int = Field(
         1, ge=0, description="Ladder steps the target must move before the cap changes."
     )
+    protect_past_deadline: bool = Field(
+        False,
+        description="Keep protecting a waiting request after its deadline passed. Off: once "
+        "late it has missed its SLO and competes as an ordinary request, so protection is "
+        "spent on requests that can still meet theirs.",
+    )
     unknown_pressure: float = Field(
         1.0,
         ge=0,

@@ -98,6 +98,7 @@ class RequestSignals:
     # Maintained by the temporal index while the request waits.
     waiting: bool = False
     protected: bool = False  # latched once protected while waiting
+    late: bool = False  # its deadline passed while waiting: no longer protected
 
     @property
     def cls(self) -> RequestClass:

@@ -7,7 +7,9 @@ from the protected share of waiting short-path prefills, so a cycle is never cut
 window of N_max + M consecutive steps holds at least M long-path phases.
 
 Visibility rules for one step (hidden requests stay in the queue, untouched):
-  * decode continuations (prefill done, e.g. preempted) and protected requests: always visible;
+  * decode continuations (prefill done, e.g. preempted) and protected requests: always visible
+    (a waiting prefill is protected from `protect_at` until its deadline; once late it has
+    missed its SLO and is ordinary again, unless `protect_past_deadline`);
   * ordinary short-path prefills: visible in short-path phases;
   * ordinary long-path prefills: visible in long-path phases, at most `long_path_cap` of them,
     earliest deadline first.
@@ -134,7 +136,9 @@ class TemporalScheduler:
         "_control",
         "_cycle_pos",
         "_edf",
+        "_expiry",
         "_heap",
+        "_keep_late",
         "_long_ordinary",
         "_n",
         "_rotation",
@@ -151,8 +155,11 @@ class TemporalScheduler:
         self._n = control.rotation_n_min
         self._cycle_pos = 0
         self._step = 0
+        self._keep_late = control.protect_past_deadline
         # (protect_at, seq, sig) of waiting ordinary prefills; stale entries skipped lazily.
         self._heap: list[tuple[float, int, RequestSignals]] = []
+        # (deadline, seq, sig) of waiting protected prefills, for expiry; stale entries skipped.
+        self._expiry: list[tuple[float, int, RequestSignals]] = []
         # (deadline, seq, sig) of waiting, unprotected long-path prefills, sorted.
         self._long_ordinary: list[tuple[float, int, RequestSignals]] = []
         self._short_waiting = 0  # short-path prefills waiting
@@ -166,7 +173,8 @@ class TemporalScheduler:
         sig.waiting = True
         if sig.prefilled:
             return  # decode continuation: always visible, not counted
-        sig.protected = sig.is_protected(now)
+        sig.late = not self._keep_late and now > sig.deadline
+        sig.protected = not sig.late and sig.is_protected(now)
         if sig.long_path:
             if not sig.protected:
                 insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
@@ -174,7 +182,9 @@ class TemporalScheduler:
             self._short_waiting += 1
             if sig.protected:
                 self._short_protected += 1
-        if not sig.protected:
+        if sig.protected:
+            self._watch_expiry(sig)
+        elif not sig.late:
             heapq.heappush(self._heap, (sig.protect_at, sig.seq, sig))
 
     def remove(self, sig: RequestSignals) -> None:
@@ -191,7 +201,8 @@ class TemporalScheduler:
             self._short_waiting -= 1
             if sig.protected:
                 self._short_protected -= 1
-        sig.protected = False  # heap entry becomes stale and is skipped when popped
+        sig.protected = False  # heap entries become stale and are skipped when popped
+        sig.late = False
 
     def _drop_long(self, sig: RequestSignals) -> None:
         lst = self._long_ordinary
@@ -200,17 +211,41 @@ class TemporalScheduler:
             del lst[i]
 
     # -- per step ----------------------------------------------------------------------------
+    def _watch_expiry(self, sig: RequestSignals) -> None:
+        if not self._keep_late:
+            heapq.heappush(self._expiry, (sig.deadline, sig.seq, sig))
+
     def _refresh_protected(self, now: float) -> None:
         heap = self._heap
         while heap and heap[0][0] < now:
             protect_at, _, sig = heapq.heappop(heap)
             if not sig.waiting or sig.protected or sig.prefilled or sig.protect_at != protect_at:
                 continue  # stale entry
+            if sig.late or (not self._keep_late and now > sig.deadline):
+                self._mark_late(sig, was_protected=False)
+                continue
             sig.protected = True
             if sig.long_path:
                 self._drop_long(sig)
             else:
                 self._short_protected += 1
+            self._watch_expiry(sig)
+        expiry = self._expiry
+        while expiry and expiry[0][0] < now:
+            _, _, sig = heapq.heappop(expiry)
+            if sig.waiting and sig.protected and not sig.prefilled:
+                self._mark_late(sig, was_protected=True)
+
+    def _mark_late(self, sig: RequestSignals, *, was_protected: bool) -> None:
+        """Past its deadline: the request competes as an ordinary one from now on."""
+        sig.late = True
+        if not was_protected:
+            return  # already counted (and listed, if long-path) as ordinary
+        sig.protected = False
+        if sig.long_path:
+            insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
+        else:
+            self._short_protected -= 1
 
     def plan(self, now: float) -> StepView:
         """Decide this step's view and advance the rotation by one step."""

@@ -58,7 +58,10 @@ def make_queue(control: ControlParams | None = None, **kw: bool) -> Queue:
 
 def oracle_visible(view: StepView, items: list[RequestSignals], now: float, cap: int) -> list:
     """Visibility from the definitions, recomputed from scratch."""
-    protected = {id(s) for s in items if not s.prefilled and now > s.protect_at}
+    # Protected from protect_at until the deadline; late requests compete as ordinary ones.
+    protected = {
+        id(s) for s in items if not s.prefilled and s.protect_at < now <= s.deadline
+    }
     ordinary_long = sorted(
         (s for s in items if s.long_path and not s.prefilled and id(s) not in protected),
         key=lambda s: (s.deadline, s.seq),
@@ -107,9 +110,11 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
             assert list(view.iter_visible(q.items, _ident)) == visible
             for s in hidden:
                 assert not s.prefilled
-                assert not s.is_protected(now)
+                assert not s.is_protected(now) or now > s.deadline
             # Work conservation: a phase only filters out a path when its own path has work.
-            ordinary = [s for s in q.items if not s.prefilled and not s.is_protected(now)]
+            ordinary = [
+                s for s in q.items if not s.prefilled and not s.protect_at < now <= s.deadline
+            ]
             if view.phase is Phase.SHORT:
                 assert any(not s.long_path for s in ordinary) or not any(
                     s.long_path for s in ordinary
@@ -220,3 +225,25 @@ def test_adding_twice_is_refused() -> None:
     sig = q.add("text", 0.0)
     with pytest.raises(ValueError, match="already waiting"):
         q.sched.add(sig, 0.0)
+
+
+def test_protection_ends_at_the_deadline() -> None:
+    """A request that already missed its deadline competes as an ordinary one again."""
+    q = make_queue(ControlParams(rotation_n_max=2))
+    text = q.add("text", 0.0)  # deadline 0.5 s
+    q.add("audio-out", 0.0)
+    assert q.sched.plan(0.49).is_visible(text) and text.protected
+    q.sched.plan(0.495)  # short phase 2 of 2
+    view = q.sched.plan(0.6)  # long phase, text is late now
+    assert view.phase is Phase.LONG
+    assert text.late and not text.protected
+    assert not view.is_visible(text)
+
+
+def test_protect_past_deadline_keeps_late_requests_visible() -> None:
+    q = make_queue(ControlParams(protect_past_deadline=True, rotation_n_max=2))
+    text = q.add("text", 0.0)
+    q.add("audio-out", 0.0)
+    views = [q.sched.plan(t) for t in (0.49, 0.495, 0.6)]
+    assert views[-1].phase is Phase.LONG
+    assert views[-1].is_visible(text) and not text.late
