@@ -100,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         pipeline = self.server.pipeline
-        if self.path == "/healthz":
+        if self.path in ("/health", "/healthz"):  # /health: the name vLLM and the probes use
             health = pipeline.health()
             self._json(HTTPStatus.OK if health["ok"] else HTTPStatus.SERVICE_UNAVAILABLE, health)
         elif self.path == "/metrics":

@@ -96,6 +96,7 @@ def test_healthz_and_metrics(server: ApiServer) -> None:
     health = json.loads(raw)
     assert status == 200 and health["ok"]
     assert set(health["stages"]) == {"shared", "speech", "image"}
+    assert _call(server, "/health")[0] == 200  # the operator's probe path
     _call(server, "/v1/requests", {"priority": 0, "output_tokens": 2})
     status, raw = _call(server, "/metrics")
     text = raw.decode()
