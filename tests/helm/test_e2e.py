@@ -36,7 +36,18 @@ from typing import Any
 import pytest
 import yaml
 
-from ..charts.chartlib import CHART, CRD_NAME, EXAMPLES, ROOT, load_docs, one
+from ..charts.chartlib import (
+    CHART,
+    CRD_FILE,
+    CRD_NAME,
+    EXAMPLES,
+    INSTALL_YAML,
+    ROOT,
+    crd_version,
+    load_docs,
+    load_yaml_file,
+    one,
+)
 from ..k8s.cluster import KubeCluster, free_port
 from .helmlib import helm, set_args
 
@@ -243,6 +254,11 @@ def can_i(cluster: KubeCluster, sa: str, verb: str, resource: str, namespace: st
     args += ["-n", namespace] if namespace else []
     res = cluster.kubectl(*args, check=False)
     return res.stdout.strip() == "yes"
+
+
+def crd_index(crd: dict[str, Any]) -> int:
+    """Index of the storage version in spec.versions."""
+    return next(i for i, v in enumerate(crd["spec"]["versions"]) if v.get("storage"))
 
 
 def load_example(pipeline: str, run_label: dict[str, str]) -> dict[str, Any]:
@@ -491,6 +507,7 @@ def test_helm_install_and_uninstall(kube_cluster: KubeCluster, helm_bin: str) ->
     cluster = kube_cluster
     run = uuid.uuid4().hex[:6]
     release, ns = f"hs-helm-{run}", f"hs-helm-{run}"
+    chart_crd = one(load_yaml_file(CHART / "crds" / CRD_FILE), "CustomResourceDefinition")
     env = cluster.env()
     crd_preexisting = crd_exists(cluster)
 
@@ -529,7 +546,52 @@ def test_helm_install_and_uninstall(kube_cluster: KubeCluster, helm_bin: str) ->
             timeout=120,
         )
         assert bad.returncode != 0 and "replicaCount" in bad.stderr
+
+        # The CRD upgrade the README documents. Make the live CRD an "older" one (a printer
+        # column less), see that `helm upgrade` leaves it so, and that charts/upgrade-crds.sh
+        # brings it to the chart's version although Helm created it.
+        def printer_columns() -> list[str]:
+            crd = kubectl_json(cluster, "get", "crd", CRD_NAME)
+            return [c["name"] for c in crd_version(crd)["additionalPrinterColumns"]]
+
+        shipped = [c["name"] for c in crd_version(chart_crd)["additionalPrinterColumns"]]
+        assert printer_columns() == shipped
+        index = crd_index(chart_crd)
+        kubectl(
+            cluster,
+            "patch",
+            "crd",
+            CRD_NAME,
+            "--type=json",
+            "-p",
+            json.dumps(
+                [{"op": "remove", "path": f"/spec/versions/{index}/additionalPrinterColumns/0"}]
+            ),
+        )
+        assert printer_columns() == shipped[1:]
         run_helm("upgrade", release, str(CHART), "-n", ns, "--set", "operator.logLevel=DEBUG")
+        assert printer_columns() == shipped[1:], "Helm does not upgrade CRDs"
+        upgrade = [ROOT / "charts" / "upgrade-crds.sh"]
+        dry = subprocess.run(
+            ["bash", *map(str, upgrade)],
+            env={**env, "DRY_RUN": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert printer_columns() == shipped[1:], "a dry run changes nothing"
+        res = subprocess.run(
+            ["bash", *map(str, upgrade)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        assert printer_columns() == shipped
 
         run_helm("uninstall", release, "-n", ns, "--wait", "--timeout", "120s")
 
@@ -558,3 +620,40 @@ def test_helm_install_and_uninstall(kube_cluster: KubeCluster, helm_bin: str) ->
         cluster.kubectl(
             "delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False
         )
+
+
+# ------------------------------------------------------------------ the plain-YAML install
+
+
+def test_plain_install_yaml_applies_and_deletes(kube_cluster: KubeCluster) -> None:
+    """README's install without Helm: `kubectl apply --server-side -f manifests/install.yaml`
+    creates the namespace, CRD, RBAC and Deployment; `kubectl delete -f` removes them all."""
+    cluster = kube_cluster
+    if crd_exists(cluster):
+        pytest.fail(f"{CRD_NAME} already exists: an earlier test did not clean up after itself")
+    docs = load_yaml_file(INSTALL_YAML)
+    ns = one(docs, "Namespace")["metadata"]["name"]
+    try:
+        kubectl(cluster, "apply", "--server-side", "-f", str(INSTALL_YAML))
+        kubectl(cluster, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        for doc in docs:
+            kind, name = doc["kind"].lower(), doc["metadata"]["name"]
+            args = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []
+            kubectl(cluster, "get", kind, name, *args)
+        # Re-applying (the README's upgrade without Helm) is a no-op that succeeds.
+        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(INSTALL_YAML))
+        kubectl(cluster, "delete", "-f", str(INSTALL_YAML), "--wait", "--timeout=120s")
+
+        def gone() -> bool:
+            left = cluster.kubectl("get", "namespace", ns, "--ignore-not-found", "-o", "name")
+            return not left.stdout.strip() and not crd_exists(cluster)
+
+        wait_for("the plain install to be deleted", gone, 120)
+        cluster_scoped = [
+            n
+            for kind in ("clusterroles", "clusterrolebindings")
+            for n in names(cluster, kind, "-l", "app.kubernetes.io/part-of=horizonserve")
+        ]
+        assert cluster_scoped == []
+    finally:
+        cluster.kubectl("delete", "-f", str(INSTALL_YAML), "--ignore-not-found", check=False)
