@@ -60,6 +60,14 @@ MANAGED_BY = "horizonserve-operator"
 
 SERVING_PORT = 8000
 METRICS_PORT = 9090
+SIDECAR_UID = 65532
+# Serving and calibration containers keep the image's user: the vLLM-Omni image runs as root
+# and the node's artifact hostPath is created root-owned; they get no privilege beyond that.
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+}
 ARTIFACT_MOUNT = "/var/lib/horizonserve"
 MAX_NAME = 63  # pod names are also hostnames: keep them DNS labels
 TERMINATION_GRACE_S = 60
@@ -226,6 +234,7 @@ def serving_pod(
         "startupProbe": _http_probe("/health", "http", period=10, failures=180),
         "readinessProbe": _http_probe("/health", "http", period=10, failures=3),
         "livenessProbe": _http_probe("/health", "http", period=30, failures=4),
+        "securityContext": CONTAINER_SECURITY,
     }
     sidecar = {
         "name": "sidecar",
@@ -238,6 +247,13 @@ def serving_pod(
         "volumeMounts": mounts,
         "readinessProbe": _http_probe("/healthz", "metrics", period=10, failures=3),
         "livenessProbe": _http_probe("/healthz", "metrics", period=30, failures=4),
+        # The sidecar only reads the artifact and talks HTTP: no GPU, no root, no writes.
+        "securityContext": {
+            **CONTAINER_SECURITY,
+            "runAsNonRoot": True,
+            "runAsUser": SIDECAR_UID,
+            "readOnlyRootFilesystem": True,
+        },
     }
     init: list[dict[str, Any]] = []
     if spec.calibration.mode is not CalibrationMode.SKIP:
@@ -252,6 +268,7 @@ def serving_pod(
             "env": env,
             "resources": _gpu_resources(spec),
             "volumeMounts": mounts,
+            "securityContext": CONTAINER_SECURITY,
         })  # fmt: skip
     artifacts: dict[str, Any] = (
         {"hostPath": {"path": spec.calibration.host_path, "type": "DirectoryOrCreate"}}
@@ -259,6 +276,7 @@ def serving_pod(
         else {"emptyDir": {}}
     )
     pod_spec: dict[str, Any] = {
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "serviceAccountName": node_account_name(owner.name),
         "automountServiceAccountToken": True,
         "enableServiceLinks": False,

@@ -1,8 +1,9 @@
 """`horizonserve sidecar`: the serving pod's helper container.
 
 Three jobs, one loop:
-  * calibration — find this node's artifact (model + GPU + driver) in the artifact directory,
-    or run `horizonserve calibrate` into it (mode auto: when missing; force: on start; skip);
+  * calibration — collect this node's artifact (model + GPU + driver) from the artifact
+    directory; the pod's init container ran `horizonserve calibrate` into it (modes auto and
+    force; with skip the configured ladder is used);
   * metrics — serve /metrics (prometheus) and /healthz;
   * summary — every `--interval` seconds build a NodeSummary from the serving process's stats
     file and publish it as the pod annotation the operator aggregates.
@@ -15,8 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -140,44 +139,28 @@ class Sidecar:
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self) -> CalibrationState:
+        """Collect the artifact the init container wrote; report why there is none."""
         state = CalibrationState()
-        if self.mode is cfg.CalibrationMode.SKIP:
-            state.error = None
-        elif self.gpu is None:
-            state.error = "no NVIDIA GPU visible through NVML; using the configured ladder"
-        else:
-            found = None
-            if self.mode is cfg.CalibrationMode.AUTO:
-                found = self._lookup()
-            if found is None:
-                found = self._run_calibration()
-            if found is not None:
-                state = self._load(found)
+        if self.mode is not cfg.CalibrationMode.SKIP:
+            if self.gpu is None:
+                state.error = "no NVIDIA GPU visible through NVML; using the configured ladder"
             else:
-                state.error = "calibration produced no artifact for this model and GPU"
+                self.artifact_dir.mkdir(parents=True, exist_ok=True)
+                found = find_artifact(
+                    self.artifact_dir, self.serving.pipeline, self.serving.model, self.gpu
+                )
+                if found is not None:
+                    state = self._load(found)
+                else:
+                    state.error = (
+                        f"no calibration artifact for {self.serving.model} on {self.gpu.name} "
+                        f"(driver {self.gpu.driver}) in {self.artifact_dir}"
+                    )
         if state.error:
             self._error(state.error)
         self.calibration = state
         self._calibrated.set(1 if state.artifact else 0)
         return state
-
-    def _lookup(self) -> Path | None:
-        assert self.gpu is not None
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        return find_artifact(self.artifact_dir, self.serving.pipeline, self.serving.model, self.gpu)
-
-    def _run_calibration(self) -> Path | None:
-        cmd = [
-            sys.executable, "-m", "horizonserve.runtime.cli", "calibrate",
-            "--pipeline", self.serving.pipeline, "--out-dir", str(self.artifact_dir),
-        ]  # fmt: skip
-        log.info("calibrating: %s", " ".join(cmd))
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            self._error(f"calibration failed (exit {done.returncode}): {tail[0]}")
-            return None
-        return self._lookup()
 
     def _load(self, path: Path) -> CalibrationState:
         from horizonserve.runtime.calibrate.artifact import load_artifact

@@ -128,3 +128,16 @@ def test_publishes_the_pod_annotation_on_a_real_api_server(
         assert cfg.NodeSummary.from_annotation(text) == sent
     finally:
         api.delete_namespaced_pod("sidecar-publish", "default", grace_period_seconds=0)
+
+
+def test_missing_artifact_is_reported(tmp_path: Path) -> None:
+    sc = _sidecar(tmp_path, gpu=GpuInfo("NVIDIA H200", "580.1"))
+    state = sc.calibrate()
+    assert state.artifact is None
+    assert "no calibration artifact for test/omni on NVIDIA H200" in (state.error or "")
+
+
+def test_skip_mode_uses_the_configured_ladder(tmp_path: Path) -> None:
+    sc = _sidecar(tmp_path, mode=cfg.CalibrationMode.SKIP, gpu=GpuInfo("NVIDIA H200", "1"))
+    assert sc.calibrate().error is None
+    assert sc.summary(1.0).ladder == make_config().ladder
