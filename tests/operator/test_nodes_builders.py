@@ -199,3 +199,17 @@ def test_sidecar_rbac_is_scoped_to_the_serving_pods() -> None:
     ]
     for obj in (sa, role, binding):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+
+
+def test_serving_pod_runs_without_extra_privilege() -> None:
+    pod = _pod()["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    containers = pod["containers"] + pod.get("initContainers", [])
+    for c in containers:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["privileged"] is False
+    sidecar = next(c for c in containers if c["name"] == "sidecar")["securityContext"]
+    assert sidecar["runAsNonRoot"] and sidecar["readOnlyRootFilesystem"]
+    assert "nvidia.com/gpu" not in str(next(c for c in containers if c["name"] == "sidecar"))
