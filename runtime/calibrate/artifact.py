@@ -23,6 +23,9 @@ from horizonserve.runtime.config import SmLadder
 
 SCHEMA_VERSION = 1
 DEFAULT_ARTIFACT = "default-h200.json"
+# The shipped estimate built from the paper's figures: the calibration's template for every
+# field it does not measure (whatever DEFAULT_ARTIFACT points to).
+ESTIMATE_ARTIFACT = "default-h200.json"
 
 
 class _Model(BaseModel):
@@ -210,15 +213,18 @@ class CalibrationArtifact(_Model):
         return f"{p.model}|{g.name}|{g.driver}|{g.sm_count}"
 
 
+def load_packaged(name: str) -> CalibrationArtifact:
+    """An artifact shipped in the package (`runtime/data/calibration/<name>`)."""
+    from importlib import resources
+
+    ref = resources.files("horizonserve.runtime").joinpath(f"data/calibration/{name}")
+    return CalibrationArtifact.model_validate_json(ref.read_text())
+
+
 def load_artifact(path: str | FsPath | None = None) -> CalibrationArtifact:
     """Read an artifact; None reads the package's default artifact."""
     if path is None:
-        from importlib import resources
-
-        ref = resources.files("horizonserve.runtime").joinpath(
-            f"data/calibration/{DEFAULT_ARTIFACT}"
-        )
-        return CalibrationArtifact.model_validate_json(ref.read_text())
+        return load_packaged(DEFAULT_ARTIFACT)
     p = FsPath(path)
     if not p.is_file():
         raise FileNotFoundError(f"calibration artifact {str(p)!r} does not exist")

@@ -3,8 +3,12 @@
 * `granted_sm_count`: how many SMs a request for N really yields. It runs the same split
   torch runs when it creates a Green Context (cuDevSmResourceSplitByCount, one group, no
   flags), so the answer matches the context torch builds, without building one.
-* `DriverGreenContext`: a Green Context plus a stream on it, for torch builds whose
-  GreenContext has no `Stream()`.
+* `DriverGreenContext`: a Green Context plus a stream on it. Besides "the first N SMs" (the
+  split torch makes) it can be built on the *complement* of such a split (the SMs a process
+  that took the first N did not get) or on the whole device. Two processes that both split the
+  same device the same way get the same groups (the split is a pure function of the device's
+  SM resource), so "first N" in one process and "complement of N" in another are disjoint:
+  that is how the shared and downstream stage processes partition the GPU between them.
 
 Everything here needs `cuda.bindings` (package cuda-bindings / cuda-python >= 12.8) and a
 driver >= 12.8; callers catch ImportError / RuntimeError and degrade.
@@ -44,16 +48,22 @@ def _whole(device_id: int) -> tuple[Any, Any]:
     return device, whole
 
 
-def _split(device_id: int, num_sms: int, flags: int = 0) -> tuple[Any, Any]:
-    """(device, SM resource of one group of >= num_sms SMs); flags 0 = as torch splits."""
+def _split3(device_id: int, num_sms: int, flags: int = 0) -> tuple[Any, Any, Any]:
+    """(device, the group of >= num_sms SMs, the remaining SMs); flags 0 = as torch splits."""
     drv = _drv()
     device, whole = _whole(device_id)
-    groups, n_groups, _remaining = _check(
+    groups, n_groups, remaining = _check(
         drv.cuDevSmResourceSplitByCount(1, whole, flags, num_sms), "cuDevSmResourceSplitByCount"
     )
     if n_groups != 1:
         raise RuntimeError(f"SM split for {num_sms} SMs gave {n_groups} groups, expected 1")
-    return device, groups[0]
+    return device, groups[0], remaining
+
+
+def _split(device_id: int, num_sms: int, flags: int = 0) -> tuple[Any, Any]:
+    """(device, SM resource of one group of >= num_sms SMs); flags 0 = as torch splits."""
+    device, group, _remaining = _split3(device_id, num_sms, flags)
+    return device, group
 
 
 def granted_sm_count(device_id: int, num_sms: int, flags: int = 0) -> int:
@@ -79,12 +89,28 @@ def sm_granularity(device_id: int) -> dict[str, int | None]:
 
 
 class DriverGreenContext:
-    """A Green Context and one non-blocking stream on it, made with the driver API."""
+    """A Green Context and one non-blocking stream on it, made with the driver API.
 
-    def __init__(self, device_id: int, num_sms: int) -> None:
+    part="first": the first group of >= num_sms SMs (what torch's GreenContext.create gives);
+    part="complement": the SMs left over when the first `num_sms` are split off (another
+    process holding part="first" of the same `num_sms` runs on the other SMs);
+    part="whole": every SM of the device (`num_sms` ignored): a full-GPU level that is still a
+    stream of its own, never the legacy default stream.
+    """
+
+    def __init__(self, device_id: int, num_sms: int, part: str = "first") -> None:
         drv = _drv()
-        device, group = _split(device_id, num_sms)
-        desc = _check(drv.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
+        if part == "whole":
+            device, resource = _whole(device_id)
+        elif part == "first":
+            device, resource = _split(device_id, num_sms)
+        elif part == "complement":
+            device, _group, resource = _split3(device_id, num_sms)
+            if int(resource.sm.smCount) <= 0:
+                raise RuntimeError(f"no SMs left after splitting off {num_sms}")
+        else:
+            raise ValueError(f"part must be first, complement or whole, got {part!r}")
+        desc = _check(drv.cuDevResourceGenerateDesc([resource], 1), "cuDevResourceGenerateDesc")
         self._stream: Any = None
         self._gctx = _check(
             drv.cuGreenCtxCreate(

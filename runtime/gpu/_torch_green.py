@@ -84,9 +84,35 @@ class _ContextLevel:
 
 
 class TorchLadderBackend:
-    """Builds levels with torch.cuda.green_contexts (and cuda-python where torch lacks a part)."""
+    """Builds levels with torch.cuda.green_contexts (and cuda-python where torch lacks a part).
 
-    def __init__(self, device_id: int, mode: str, *, force_driver_streams: bool = False) -> None:
+    `partition="complement"` builds level d on the SMs a process holding the first
+    `total - d` SMs does not have (driver streams; see `_driver.DriverGreenContext`), so a
+    downstream process's levels are disjoint from the shared stage's. `full_level="green"`
+    gives the whole-device level a Green Context and stream of its own (driver API; a plain
+    side stream where that fails) instead of the stream current at construction. Either
+    option makes every level a driver-API Green Context stream (needs cuda-python).
+    """
+
+    def __init__(
+        self,
+        device_id: int,
+        mode: str,
+        *,
+        force_driver_streams: bool = False,
+        partition: str = "first",
+        full_level: str = "base",
+    ) -> None:
+        if partition not in ("first", "complement"):
+            raise ValueError(f"partition must be first or complement, got {partition!r}")
+        if full_level not in ("base", "green"):
+            raise ValueError(f"full_level must be base or green, got {full_level!r}")
+        self.partition = partition
+        self.full_level = full_level
+        if partition == "complement" or full_level == "green":
+            # Every level through the same driver split, so a "first" level in one process and
+            # a "complement" level in another are computed by the same code (disjoint SMs).
+            force_driver_streams = True
         try:
             import torch
         except ImportError as exc:
@@ -126,10 +152,18 @@ class TorchLadderBackend:
 
     def make_level(self, num_sms: int) -> Any:
         torch, device_id = self._torch, self.device_id
-        if num_sms >= self.total_sms:  # uncapped: the whole device, no Green Context
+        if num_sms >= self.total_sms:  # uncapped: the whole device
+            if self._base is not None and self.full_level == "green":
+                return self._whole_level()
             if self._base is not None:
                 return _StreamLevel(torch, self._base.stream, self._base, self.total_sms)
             return _ContextLevel(None, self.total_sms)
+        if self.partition == "complement":
+            from horizonserve.runtime.gpu._driver import DriverGreenContext
+
+            dctx = DriverGreenContext(device_id, self.total_sms - num_sms, part="complement")
+            stream = torch.cuda.ExternalStream(dctx.stream_handle, device=device_id)
+            return _StreamLevel(torch, stream, self._base, dctx.granted_sms, owner=dctx)
         if self.mode == "context":
             ctx = self._gc.create(num_sms=num_sms, device_id=device_id)
             return _ContextLevel(ctx, _granted(device_id, num_sms))
@@ -142,6 +176,19 @@ class TorchLadderBackend:
         ctx = self._gc.create(num_sms=num_sms, device_id=device_id)
         return _StreamLevel(torch, ctx.Stream(), self._base, _granted(device_id, num_sms), ctx)
 
+    def _whole_level(self) -> Any:
+        """The whole device as a level with its own stream (a Green Context of every SM)."""
+        torch, device_id = self._torch, self.device_id
+        try:
+            from horizonserve.runtime.gpu._driver import DriverGreenContext
 
-def make_backend(device_id: int, mode: str) -> TorchLadderBackend:
-    return TorchLadderBackend(device_id, mode)
+            dctx = DriverGreenContext(device_id, self.total_sms, part="whole")
+        except Exception as exc:  # no cuda-python / driver: a plain side stream still avoids
+            logger.info("whole-device Green Context unavailable (%s): side stream", exc)
+            return _StreamLevel(torch, torch.cuda.Stream(device_id), self._base, self.total_sms)
+        stream = torch.cuda.ExternalStream(dctx.stream_handle, device=device_id)
+        return _StreamLevel(torch, stream, self._base, dctx.granted_sms, owner=dctx)
+
+
+def make_backend(device_id: int, mode: str, **options: Any) -> TorchLadderBackend:
+    return TorchLadderBackend(device_id, mode, **options)

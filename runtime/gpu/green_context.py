@@ -16,8 +16,13 @@ Two ways to put kernels under a Green Context (`mode`):
 * ``"context"``: torch's `set_context()` / `pop_context()` push the green context on the
   driver's context stack (torch 2.9+; deprecated in later torch in favour of streams).
 
-A level whose request is >= the device's SM count is "uncapped": no Green Context, kernels
-run on the stream that was current at construction.
+A level whose request is >= the device's SM count is "uncapped": by default no Green Context,
+kernels run on the stream that was current at construction; with `full_level="green"` it is a
+Green Context of every SM with a stream of its own, so the whole-device level runs exactly the
+code path of every other level (the serving stages use this: on the H200 the legacy default
+stream was the slow path, see bench/results/engine/). `partition="complement"` builds each
+level on the SMs *not* in the first `total - level` (a downstream process's complementary
+ladder, disjoint from the shared stage's SMs even across processes).
 
 Where torch, CUDA, the driver or the GPU lacks Green Contexts, the ladder is built anyway with
 `available = False`: one warning line is logged, `activate` only records the level, and every
@@ -106,6 +111,8 @@ class SmLadderContexts:
         *,
         mode: str = "auto",
         backend_factory: Callable[[int, str], LadderBackend] | None = None,
+        partition: str = "first",
+        full_level: str = "base",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -122,9 +129,11 @@ class SmLadderContexts:
         self._handles: list[LevelHandle] = []
 
         if backend_factory is None:
+            from functools import partial
+
             from horizonserve.runtime.gpu._torch_green import make_backend
 
-            backend_factory = make_backend
+            backend_factory = partial(make_backend, partition=partition, full_level=full_level)
         start = time.perf_counter()
         try:
             backend = backend_factory(device_id, mode)

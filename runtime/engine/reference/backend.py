@@ -11,13 +11,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from horizonserve.runtime.engine.reference.pipeline import (
     Pipeline,
     PipelineOptions,
     RequestHandle,
+    SharingMismatchError,
 )
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import RequestSpec
@@ -147,8 +148,16 @@ class ReferenceBackend:
         )
 
     def set_policy(self, policy: str) -> None:
-        """Switch policy between runs without reloading the models."""
-        self.pipeline.set_policy(policy)
+        """Switch policy between runs: in place, or with a restart of the stages when the new
+        policy runs under another GPU-sharing mode (e.g. horizon under MPS + Green Contexts,
+        fcfs time-sliced)."""
+        try:
+            self.pipeline.set_policy(policy)
+        except SharingMismatchError:
+            self.pipeline.stop()
+            self.options = replace(self.options, policy=policy)
+            self.pipeline = Pipeline(self.options)
+            self.pipeline.start()
 
     def run(
         self, trace: Iterable[TimedRequest], *, drain_timeout_s: float = 300.0

@@ -2,8 +2,28 @@
 
 `open_sm_cap` returns an object whose `activate(sms)` makes the next kernels of this process
 run on `sms` SMs (a pre-allocated Green Context of that ladder level, `SmLadderContexts`) or on
-the whole GPU (`sms=None`). Where the mechanism is missing — CPU runs, hardware, driver or
-torch without Green Contexts — it returns `NoSmCap`, and `runtime.gpu` has logged why.
+the whole GPU (`sms=None`). The whole GPU is a level too: a Green Context of every SM with a
+stream of its own, so capped and uncapped steps (and every policy) run the same code path;
+kernels never go to the legacy default stream, which on the H200 made uncapped decode 3-4x
+slower than any capped level (bench/results/engine/h200-graphs-1/). Where the mechanism is
+missing — CPU runs, hardware, driver or torch without Green Contexts — it returns `NoSmCap`,
+and `runtime.gpu` has logged why.
+
+How the stage processes share the GPU (`Sharing`), chosen per run by `sharing_for`:
+
+* ``timeslice`` — separate CUDA contexts, no MPS, no caps: what an unmodified multi-process
+  runtime does (Vanilla, EDF). The GPU time-slices between the processes.
+* ``mps`` — an MPS control daemon for the run, every stage an MPS client, no caps (the MPS
+  and EDF-MPS baselines; the no-throttling ablation, which keeps HorizonServe's runtime).
+* ``mps-gc`` — HorizonServe: MPS clients (so the processes' kernels really run at the same
+  time) *and* a Green Context ladder per process. Green Contexts alone partition SMs only
+  inside one process: without MPS the processes are still time-sliced, so a cap would only
+  shrink the shared stage's slice (measured on the H200: bench/results/engine/). MPS must
+  not set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (below 100 it overrides the Green Context split).
+  The downstream processes build their levels on the complement of the shared stage's SMs
+  (`partition="complement"`), so the split is disjoint across processes.
+* ``gc`` — Green Context ladders without MPS (where the MPS binaries are missing): the cap is
+  applied, the processes time-slice.
 """
 
 from __future__ import annotations
@@ -20,6 +40,33 @@ log = logging.getLogger(__name__)
 
 # NVML refreshes memory activity every 1/6–1 s; sampling faster only re-reads the cache.
 NVML_MIN_INTERVAL_NS = 20_000_000
+
+
+TIMESLICE = "timeslice"
+MPS = "mps"
+MPS_GC = "mps-gc"
+GC = "gc"
+SHARING_MODES = (TIMESLICE, MPS, MPS_GC, GC)
+THROTTLING_POLICIES = ("horizon", "horizon-no-rotation")
+
+
+def sharing_for(policy: str, *, mps: bool, cuda: bool, mps_available: bool = True) -> str:
+    """The GPU-sharing mode a policy runs under (see the module docstring)."""
+    if not cuda:
+        return TIMESLICE  # CPU: nothing to share, nothing to cap
+    if policy in THROTTLING_POLICIES:
+        return MPS_GC if mps_available else GC
+    if mps or policy == "horizon-no-throttling":
+        return MPS if mps_available else TIMESLICE
+    return TIMESLICE
+
+
+def uses_mps(sharing: str) -> bool:
+    return sharing in (MPS, MPS_GC)
+
+
+def uses_caps(sharing: str) -> bool:
+    return sharing in (MPS_GC, GC)
 
 
 class SmCap(Protocol):
@@ -45,18 +92,33 @@ class NoSmCap:
 
 
 class GreenContextCap:
-    """Adapter over `runtime.gpu.SmLadderContexts`: SM counts in, ladder level indices out."""
+    """Adapter over `runtime.gpu.SmLadderContexts`: SM counts in, ladder level indices out.
 
-    def __init__(self, ladder: SmLadderContexts) -> None:
+    `levels` are the capped levels; the ladder's last entry, when it covers the whole device,
+    is the full-GPU level that `activate(None)` selects.
+    """
+
+    def __init__(self, ladder: SmLadderContexts, partition: str = "first") -> None:
         self._ladder = ladder
-        self.levels = tuple(ladder.levels)
-        self.granted = tuple(ladder.granted_sms)
+        total = ladder.total_sms or 0
+        all_levels = tuple(ladder.levels)
+        self._full: int | None = None
+        if all_levels and total and all_levels[-1] >= total:
+            self._full = len(all_levels) - 1
+            all_levels = all_levels[:-1]
+        self.levels = all_levels
+        self.granted = tuple(ladder.granted_sms[: len(all_levels)])
+        self.full_granted = None if self._full is None else ladder.granted_sms[self._full]
         self.mode = ladder.mode
+        self.partition = partition
         self._index = {sms: i for i, sms in enumerate(self.levels)}
 
     def activate(self, sms: int | None) -> None:
         if sms is None:
-            self._ladder.deactivate()
+            if self._full is not None:
+                self._ladder.activate(self._full)
+            else:
+                self._ladder.deactivate()
             return
         i = self._index.get(sms)
         if i is None:
@@ -67,19 +129,40 @@ class GreenContextCap:
         self._ladder.close()
 
 
-def open_sm_cap(device_type: str, device_index: int, levels: Sequence[int]) -> SmCap:
-    """The ladder for `levels` on this device, or `NoSmCap` with the reason logged."""
+def open_sm_cap(
+    device_type: str, device_index: int, levels: Sequence[int], *, partition: str = "first"
+) -> SmCap:
+    """The ladder for `levels` (+ the full-GPU level) on this device, or `NoSmCap`.
+
+    `levels` empty = uncapped: only the full-GPU level (its own stream). partition
+    "complement": each level sits on the SMs the shared stage does not hold at total - level.
+    """
     if device_type != "cuda":
         return NoSmCap("not a CUDA device")
-    if not levels:
-        return NoSmCap("no SM levels (uncapped)")
+    import torch
+
     from horizonserve.runtime.gpu import SmLadderContexts
 
-    ladder = SmLadderContexts(sorted(levels), device_index)
+    total = torch.cuda.get_device_properties(device_index).multi_processor_count
+    wanted = [*sorted({s for s in levels if 0 < s < total}), total]
+    ladder = SmLadderContexts(
+        wanted, device_index, mode="stream", partition=partition, full_level="green"
+    )
+    if not ladder.available and partition == "first":
+        # cuda-python missing (driver streams): torch's own Green Context streams still work
+        ladder = SmLadderContexts(wanted, device_index, mode="stream")
     if not ladder.available:  # SmLadderContexts logged why
         return NoSmCap(ladder.unavailable_reason or "Green Contexts unavailable")
-    log.info("SM ladder %s (granted %s, mode %s)", ladder.levels, ladder.granted_sms, ladder.mode)
-    return GreenContextCap(ladder)
+    log.info(
+        "SM ladder %s (granted %s, mode %s, partition %s)",
+        ladder.levels,
+        ladder.granted_sms,
+        ladder.mode,
+        partition,
+    )
+    cap = GreenContextCap(ladder, partition)
+    cap.activate(None)  # start on the full-GPU level's stream, never the legacy default stream
+    return cap
 
 
 def open_pressure_sampler(device_type: str, device_index: int) -> Callable[[], float | None]:
@@ -103,7 +186,12 @@ def sm_info(sm: SmCap) -> dict[str, object]:
     """What a stage reports about its SM mechanism at start-up."""
     info: dict[str, object] = {"sm_cap": type(sm).__name__, "sm_levels": list(sm.levels)}
     if isinstance(sm, GreenContextCap):
-        info.update(sm_granted=list(sm.granted), sm_mode=sm.mode)
+        info.update(
+            sm_granted=list(sm.granted),
+            sm_mode=sm.mode,
+            sm_partition=sm.partition,
+            sm_full_granted=sm.full_granted,
+        )
     elif isinstance(sm, NoSmCap):
         info["sm_reason"] = sm.reason
     return info

@@ -100,3 +100,7 @@ class KvCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values `[B, kv_heads, length, d]` of the given slots (a gathered copy)."""
         return self._k[layer][slots, :, :length], self._v[layer][slots, :, :length]
+
+    def rows(self, layer: int, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values `[n, kv_heads, length, d]` of slots 0..n-1: views, nothing copied."""
+        return self._k[layer][:n, :, :length], self._v[layer][:n, :, :length]

@@ -153,6 +153,27 @@ class GqaAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.o_proj(out.reshape(b, 1, -1))
 
+    def decode_rows(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KvCache,
+        layer: int,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        read_len: int,
+    ) -> torch.Tensor:
+        """`decode` with row i = KV slot i (rows 0..B-1): keys/values are cache views."""
+        b = x.shape[0]
+        q, k, v = self._qkv(x, cos, sin)
+        cache.write_decode(layer, rows, positions, k[:, 0], v[:, 0])
+        keys, values = cache.rows(layer, b, read_len)
+        q = q.view(b, self.kv_heads, self.groups, self.head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.reshape(b, 1, -1))
+
 
 class SwiGlu(nn.Module):
     """SwiGLU MLP with the gate and up projections fused into one matrix."""
@@ -255,6 +276,31 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer.input_norm(x)
             x = x + layer.attn.decode(h, cos, sin, mask, cache, i, slots, positions, read_len)
+            x = x + layer.mlp(layer.post_attn_norm(x))
+        return self.final_norm(x)[:, 0]
+
+    def decode_rows(
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        keys: torch.Tensor,
+        cache: KvCache,
+    ) -> torch.Tensor:
+        """One token for each of the KV slots 0..B-1 (row i = slot i); returns hidden `[B, h]`.
+
+        inputs `[B]` token ids (or `[B, h]` embeddings), positions `[B]`, rows = arange(B),
+        keys = arange(read_len). Every shape is fixed by (B, read_len) and nothing syncs with
+        the host, so the step can be captured as a CUDA graph and replayed.
+        """
+        x = self.embed(inputs) if inputs.dtype == torch.long else inputs
+        x = x.unsqueeze(1)
+        read_len = keys.shape[0]
+        cos, sin = rotary(positions.unsqueeze(1), self.inv_freq, x.dtype)
+        mask = (keys.view(1, -1) <= positions.view(-1, 1)).view(-1, 1, 1, read_len)
+        for i, layer in enumerate(self.layers):
+            h = layer.input_norm(x)
+            x = x + layer.attn.decode_rows(h, cos, sin, mask, cache, i, rows, positions, read_len)
             x = x + layer.mlp(layer.post_attn_norm(x))
         return self.final_norm(x)[:, 0]
 

@@ -29,6 +29,15 @@ from typing import Any
 
 from horizonserve.runtime.config import Path, PolicyName, Priority, ServingConfig
 from horizonserve.runtime.engine.reference.defaults import reference_config
+from horizonserve.runtime.engine.reference.gpu_control import (
+    GC,
+    MPS_GC,
+    SHARING_MODES,
+    TIMESLICE,
+    sharing_for,
+    uses_caps,
+    uses_mps,
+)
 from horizonserve.runtime.engine.reference.protocol import (
     DONE,
     ERROR,
@@ -45,6 +54,8 @@ from horizonserve.runtime.engine.reference.protocol import (
     Admit,
     Event,
     ProbeDecode,
+    ProbeLoad,
+    ProbeStop,
     RequestSpec,
     SetPolicy,
 )
@@ -67,6 +78,11 @@ class PipelineOptions:
     config: ServingConfig | None = None  # default: reference classes + default ladder
     downstream: tuple[str, ...] = DOWNSTREAM_STAGES
     mps: bool = False  # GPU-sharing mode of the MPS baselines
+    # How the stage processes share the GPU: "auto" picks it from the policy (gpu_control:
+    # horizon -> MPS + Green Context ladders, fcfs/edf -> time-sliced, mps flag -> MPS); or one
+    # of gpu_control.SHARING_MODES explicitly (calibration measures each mode it needs).
+    sharing: str = "auto"
+    graphs: bool = True  # CUDA graphs for AR decode (CUDA only)
     seed: int = 0
     threads: int = 1  # torch threads per stage (CPU)
     warmup: bool = True
@@ -149,6 +165,10 @@ class PipelineError(RuntimeError):
     pass
 
 
+class SharingMismatchError(PipelineError):
+    """The new policy needs another GPU-sharing mode: the stages must be restarted."""
+
+
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
@@ -191,9 +211,10 @@ class Pipeline:
         self._stopped: set[str] = set()
         self._mps: Any = None
         self._policy_ack: str | None = None
-        self._probe: dict[str, Any] | None = None
         self._mps_env: dict[str, str | None] = {}
         self.mps_active = False
+        self.sharing = "timeslice"
+        self._probes: dict[str, dict[str, Any]] = {}
         self.on_event: Callable[[Event], None] | None = None  # test hook
         self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
 
@@ -204,9 +225,14 @@ class Pipeline:
             if name not in DOWNSTREAM_STAGES:
                 raise ValueError(f"downstream: unknown stage {name!r}; use speech and/or image")
         self.device = resolve_device(opts.device)
-        if opts.mps:
+        cuda = self.device.startswith("cuda")
+        policy = opts.policy or (opts.config.policy.value if opts.config else "horizon")
+        self.sharing = self._choose_sharing(policy, cuda)
+        if uses_mps(self.sharing):
             self._start_mps()
-        sms = device_sms(self.device)
+            if not self.mps_active:
+                self.sharing = GC if self.sharing == MPS_GC else TIMESLICE
+        sms = device_sms(self.device)  # after the MPS daemon: the front is a client too
         config = opts.config or reference_config(opts.preset, total_sms=sms or 132)
         if opts.policy:
             config = config.model_copy(update={"policy": PolicyName(opts.policy)})
@@ -217,15 +243,18 @@ class Pipeline:
 
         name = f"horizonserve-control-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._record = ControlRecord.create(shm_path(name), n_slots=len(DOWNSTREAM_STAGES))
-        # Ladders are pre-allocated on every GPU run (not under MPS), so `set_policy` can switch
-        # between capped and uncapped policies; uncapped policies simply never activate them.
-        capped = self.device.startswith("cuda") and not opts.mps
+        # Ladders are pre-allocated when the sharing mode caps; a policy that does not throttle
+        # (set_policy within the same mode, e.g. calibration's solo runs) never activates them.
+        capped = cuda and uses_caps(self.sharing)
+        log.info("GPU sharing %s (policy %s, ladders %s)", self.sharing, policy, capped)
         base = StageConfig(
             preset=opts.preset,
             device=self.device,
             serving_json=config.model_dump_json(),
             record_path=str(self._record.path),
             capped=capped,
+            sharing=self.sharing,
+            graphs=opts.graphs,
             seed=opts.seed,
             threads=opts.threads,
             trace_interval_s=opts.trace_interval_s,
@@ -330,7 +359,17 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- MPS (baselines' GPU-sharing mode) --------------------------------------------------------
+    def _choose_sharing(self, policy: str, cuda: bool) -> str:
+        opts = self.options
+        if opts.sharing != "auto":
+            if opts.sharing not in SHARING_MODES:
+                raise ValueError(f"sharing: unknown mode {opts.sharing!r}; use {SHARING_MODES}")
+            return opts.sharing if cuda else TIMESLICE
+        from horizonserve.runtime.gpu import mps_available
+
+        return sharing_for(policy, mps=opts.mps, cuda=cuda, mps_available=mps_available())
+
+    # -- MPS (GPU-sharing modes mps and mps-gc) ------------------------------------------------
     def _start_mps(self) -> None:
         """Start a private MPS daemon; stage processes inherit its client environment."""
         from horizonserve.runtime.gpu import MpsDaemon, mps_available
@@ -340,7 +379,14 @@ class Pipeline:
             self.mps_active = False
             return
         daemon = MpsDaemon()
-        daemon.start()
+        try:
+            daemon.start()
+        except Exception as exc:  # MpsError / OSError: run without MPS, say so
+            log.warning("MPS daemon did not start (%s): running without MPS", exc)
+            self.mps_active = False
+            return
+        # No CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: below 100 it would override the Green Context
+        # split of the mps-gc mode (and the MPS baselines run uncapped by definition).
         env = daemon.client_env()
         self._mps_env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # spawned stage processes inherit it
@@ -413,6 +459,13 @@ class Pipeline:
         if self.config is None or not self._running:
             raise PipelineError("pipeline is not running")
         name = PolicyName(policy)
+        if self.options.sharing == "auto" and self.device.startswith("cuda"):
+            wanted = self._choose_sharing(name.value, True)
+            if wanted != self.sharing and not (wanted == MPS_GC and self.sharing == GC):
+                raise SharingMismatchError(
+                    f"policy {name.value} runs with GPU sharing {wanted}, this pipeline runs "
+                    f"{self.sharing}: restart the pipeline"
+                )
         self._wait_idle(timeout)
         with self._ready:
             self._policy_ack = None
@@ -421,18 +474,42 @@ class Pipeline:
         self.config = self.config.model_copy(update={"policy": name})
 
     def probe_decode(
-        self, batch: int, context: int, steps: int = 20, timeout: float = 300.0
+        self, batch: int, context: int, steps: int = 20, timeout: float = 300.0, **kw: Any
     ) -> dict[str, Any]:
-        """Decode step time of a dummy batch alone at every shared-stage SM level."""
+        """Decode (and/or prefill) step times of a dummy batch at shared-stage SM levels.
+
+        Keyword arguments are `ProbeDecode` fields (kind, levels, corun, min_seconds, …).
+        """
         if not self._running:
             raise PipelineError("pipeline is not running")
         self._wait_idle(timeout)
         with self._ready:
-            self._probe = None
-            self._queues["shared"].put(ProbeDecode(batch, context, steps))
-            self._wait_locked(lambda: self._probe is not None, timeout, "decode probe")
-            assert self._probe is not None
-            return self._probe
+            self._probes.pop("shared", None)
+            self._queues["shared"].put(ProbeDecode(batch, context, steps, **kw))
+            self._wait_locked(lambda: "shared" in self._probes, timeout, "decode probe")
+            return self._probes.pop("shared")
+
+    def probe_load(
+        self,
+        stage: str,
+        seconds: float,
+        batch: int,
+        levels: tuple[int | None, ...] | None = None,
+    ) -> None:
+        """Start a synthetic load on a downstream stage (answer: `wait_probe(stage)`)."""
+        if stage not in self._procs or stage == "shared":
+            raise PipelineError(f"no downstream stage {stage!r} is running")
+        with self._ready:
+            self._probes.pop(stage, None)
+        self._queues[stage].put(ProbeLoad(seconds, batch, levels))
+
+    def stop_probe_load(self, stage: str) -> None:
+        self._queues[stage].put(ProbeStop())
+
+    def wait_probe(self, stage: str, timeout: float = 300.0) -> dict[str, Any]:
+        with self._ready:
+            self._wait_locked(lambda: stage in self._probes, timeout, f"{stage} probe")
+            return self._probes.pop(stage)
 
     def health(self) -> dict[str, Any]:
         stages = {
@@ -487,7 +564,7 @@ class Pipeline:
         if kind in (READY, STOPPED, ERROR, POLICY, PROBE) and ev.rid is None:
             with self._ready:
                 if kind == PROBE:
-                    self._probe = ev.data
+                    self._probes[ev.stage] = ev.data
                 elif kind == POLICY:
                     self._policy_ack = ev.data["policy"]
                 elif kind == READY:

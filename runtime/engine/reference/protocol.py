@@ -27,7 +27,7 @@ TRACE = "trace"  # shared-stage step rows (data["rows"])
 ERROR = "error"  # a stage failed (data["message"]); rid set when one request failed
 STOPPED = "stopped"  # a stage left its loop
 POLICY = "policy"  # the shared stage switched policy (data["policy"])
-PROBE = "probe"  # decode step times per SM level (data: see ProbeDecode)
+PROBE = "probe"  # step times per SM level (data: see ProbeDecode / ProbeLoad)
 
 SPEECH = "speech"
 
@@ -81,11 +81,49 @@ class SetPolicy:
 
 @dataclass(slots=True, frozen=True)
 class ProbeDecode:
-    """Time `steps` decode iterations of a dummy batch alone at every SM level (stage idle)."""
+    """Time `steps` decode iterations of a dummy batch at every SM level (stage idle).
+
+    kind "decode": decode steps of `batch` sequences with `context` cached tokens each;
+    kind "prefill": prefill of `batch` prompts of `context` tokens (`steps` repetitions);
+    kind "both": per level the decode steps, then the prefill repetitions.
+    `levels`: shared-stage SM counts to visit (None: the full GPU, then every ladder level).
+    `corun`: publish each level's split (shared s, downstream S_tot - s) in the control record
+    and wait until a downstream stage is active first (the front keeps one busy, ProbeLoad).
+    `min_seconds`: keep stepping a level at least this long (NVML refreshes every 1/6-1 s).
+    """
 
     batch: int
     context: int  # cached tokens per sequence
     steps: int
+    kind: str = "decode"
+    levels: tuple[int, ...] | None = None
+    corun: bool = False
+    min_seconds: float = 0.0
+    warmup_steps: int = 2
+    prefill_tokens: int = 0  # prompt length of the prefill probe (0: `context`)
+    prefill_batch: int = 1
+    prefill_reps: int = 2
+    settle_s: float = 0.3  # co-running: wait after publishing a split
+
+
+@dataclass(slots=True, frozen=True)
+class ProbeLoad:
+    """Keep a downstream stage busy with `batch` synthetic jobs and time its iterations.
+
+    `levels` None: follow the split the shared stage publishes, until `seconds` pass or a
+    `ProbeStop` arrives. `levels` given: `seconds` at each of these SM counts in turn (None =
+    the full GPU), the downstream stage alone. Replies with a PROBE event (rows of
+    t_start, t_end, sms, batch, component seconds).
+    """
+
+    seconds: float
+    batch: int
+    levels: tuple[int | None, ...] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ProbeStop:
+    """End a running ProbeLoad early."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,6 +23,8 @@ class StageConfig:
     serving_json: str  # ServingConfig as JSON (the shared stage builds its policy from it)
     record_path: str  # the control record in /dev/shm
     capped: bool  # apply the SM ladder (False: baselines, no-throttling ablation, CPU)
+    sharing: str = "timeslice"  # GPU-sharing mode of the run (gpu_control.SHARING_MODES)
+    graphs: bool = True  # CUDA graphs for AR decode (CUDA only; CPU always runs eagerly)
     downstream_slot: int = 0  # control-record slot a downstream stage writes
     seed: int = 0
     threads: int = 1  # torch intra-op threads (CPU runs)
@@ -44,6 +46,9 @@ def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
+        # Never the legacy default stream: it was the slow path on the H200 and cannot be
+        # captured into CUDA graphs. SM levels replace this stream with their own.
+        torch.cuda.set_stream(torch.cuda.Stream(device))
         return device, torch.bfloat16
     torch.set_num_threads(max(1, cfg.threads))
     return device, torch.float32

@@ -19,7 +19,14 @@ from typing import Any, Protocol
 
 from horizonserve.runtime.config import ServingConfig
 from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap, sm_info
-from horizonserve.runtime.engine.reference.protocol import READY, STOPPED, Event
+from horizonserve.runtime.engine.reference.protocol import (
+    PROBE,
+    READY,
+    STOPPED,
+    Event,
+    ProbeLoad,
+    ProbeStop,
+)
 from horizonserve.runtime.engine.reference.stages.common import (
     ParentWatch,
     StageConfig,
@@ -44,6 +51,14 @@ class DownstreamStage(Protocol):
     def submit(self, msg: Any) -> None: ...
 
     def iterate(self) -> None: ...
+
+    # calibration: synthetic load, cancellation, last iteration's timing
+    last_timing: tuple[float, float, int, int]
+    emit: Any
+
+    def add_synthetic(self, n: int) -> None: ...
+
+    def cancel_all(self) -> None: ...
 
 
 def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
@@ -76,7 +91,12 @@ class DownstreamLoop:
         self.record = ControlRecord.open(cfg.record_path)
         self.writer = self.record.downstream_writer(cfg.downstream_slot, STAGE_KIND.get(name, 1))
         self.levels = complementary_levels(self.config, cfg.capped)
-        self.sm = open_sm_cap(self.device.type, self.device.index or 0, self.levels)
+        # Complementary levels sit on the SMs the shared stage does not hold (disjoint across
+        # the two processes), see gpu_control.
+        self.sm = open_sm_cap(
+            self.device.type, self.device.index or 0, self.levels, partition="complement"
+        )
+        self.total = self.config.ladder.total
         self._fallback = self.config.ladder.total - self.config.ladder.s_cap
 
     def warmup_levels(self) -> tuple[int | None, ...]:
@@ -92,8 +112,49 @@ class DownstreamLoop:
         sms = d.downstream_sms if d.downstream_sms > 0 else self._fallback
         return pick_level(self.levels, sms)
 
+    def run_load(self, stage: DownstreamStage, load: ProbeLoad) -> bool:
+        """Serve a ProbeLoad (see protocol); returns False when a stop sentinel arrived."""
+        emit, stage.emit = stage.emit, lambda _ev: None
+        rows: list[tuple[float, ...]] = []
+        keep_going = True
+        plan: list[tuple[bool, int | None]] = (
+            [(True, None)] if load.levels is None else [(False, lvl) for lvl in load.levels]
+        )
+        try:
+            for follow, fixed in plan:
+                if fixed is not None and self.levels:
+                    fixed = pick_level(self.levels, fixed) if fixed < self.total else None
+                elif fixed is not None:
+                    fixed = None  # no ladder here (CPU, uncapped run): the whole device
+                deadline = time.monotonic() + load.seconds
+                while time.monotonic() < deadline:
+                    for msg in drain(self.in_q, block=False):
+                        if msg is None:
+                            keep_going = False
+                        elif isinstance(msg, ProbeStop):
+                            deadline = 0.0
+                    if not keep_going or deadline == 0.0:
+                        break
+                    stage.add_synthetic(load.batch)
+                    sms = self.sms_now() if follow else fixed
+                    self.sm.activate(sms)
+                    self.writer.set_active(stage.in_flight, time.monotonic_ns())
+                    t0 = time.monotonic()
+                    stage.iterate()
+                    t1 = time.monotonic()
+                    rows.append((t0, t1, sms or self.total, *stage.last_timing))
+                if not keep_going or deadline == 0.0:
+                    break
+        finally:
+            stage.cancel_all()
+            stage.emit = emit
+            self.writer.set_active(0, time.monotonic_ns())
+        data = {"rows": rows, "batch": load.batch, "total_sms": self.total}
+        self.events.put(Event(PROBE, self.name, time.monotonic(), data=data))
+        return keep_going
+
     def serve(self, stage: DownstreamStage, info: dict[str, Any]) -> None:
-        info = {**info, **sm_info(self.sm)}
+        info = {**info, "sharing": self.cfg.sharing, **sm_info(self.sm)}
         info.update(memory_info(self.device))
         self.events.put(Event(READY, self.name, time.monotonic(), data=info))
         watch = ParentWatch()
@@ -104,6 +165,10 @@ class DownstreamLoop:
             for msg in msgs:
                 if msg is None:
                     stop = True
+                elif isinstance(msg, ProbeLoad):
+                    stop = stop or not self.run_load(stage, msg)
+                elif isinstance(msg, ProbeStop):
+                    continue
                 else:
                     stage.submit(msg)
             now = time.monotonic()

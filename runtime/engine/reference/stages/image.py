@@ -54,6 +54,22 @@ class ImageStage:
         self.active: list[ImageJob] = []
         self.emit = emit
         self._clock = clock
+        self._synthetic = 0
+        self.last_timing: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
+
+    def add_synthetic(self, n: int) -> None:
+        """Top the stage up to `n` in flight with endless denoising jobs (calibration load)."""
+        d = self.dims
+        while self.in_flight < n:
+            self._synthetic += 1
+            cond = torch.randn(d.cond_tokens, self.dit.cond_in.in_features, device=self.device)
+            x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device)
+            job = ImageJob(f"load-{self._synthetic}", cond.to(self.dtype), x.to(self.dtype), 10**9)
+            self.pending.append(job)
+
+    def cancel_all(self) -> None:
+        self.pending.clear()
+        self.active = []
 
     @property
     def in_flight(self) -> int:
@@ -75,6 +91,12 @@ class ImageStage:
 
     @torch.inference_mode()
     def iterate(self) -> None:
+        n = min(self.max_batch, len(self.active) + len(self.pending))
+        t0 = time.monotonic()
+        self._iterate()
+        self.last_timing = (time.monotonic() - t0, 0.0, n, 0)
+
+    def _iterate(self) -> None:
         while self.pending and len(self.active) < self.max_batch:
             self.active.append(self.pending.popleft())
         jobs = self.active

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from horizonserve.runtime.config import ServingConfig
-from horizonserve.runtime.engine.reference.ar import ArExecutor
+from horizonserve.runtime.engine.reference.ar import ArExecutor, bucket
 from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.gpu_control import SmCap
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
@@ -253,7 +253,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     config = ServingConfig.model_validate_json(cfg.serving_json)
     t_load = time.monotonic()
     model = materialize(lambda: DecoderLM(preset.thinker), device, dtype)
-    executor = ArExecutor(model, preset.thinker_limits, keep_hidden=True)
+    executor = ArExecutor(model, preset.thinker_limits, keep_hidden=True, graphs=cfg.graphs)
     policy = make_policy(config.policy, config)
     record = ControlRecord.open(cfg.record_path)
     writer = record.decision_writer()
@@ -278,6 +278,10 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
             time.monotonic_ns(),
         )
 
+    def publish_split(shared: int, down: int) -> None:
+        level = UNCAPPED if down == 0 else 0  # a probe level: the downstream takes `down`
+        writer.publish(shared, down, level, nan, nan, time.monotonic_ns())
+
     stage = SharedStage(
         policy,
         executor,
@@ -297,7 +301,9 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         "params": preset.thinker.params(),
         "load_s": time.monotonic() - t_load,
         "kv_cache_gib": executor.cache.nbytes() / 2**30,
+        "sharing": cfg.sharing,
         **sm_info(sm),
+        **executor.graph_info(),
         **memory_info(device),
     }
     events.put(Event(READY, STAGE, time.monotonic(), data=info))
@@ -310,7 +316,16 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
             elif isinstance(msg, SetPolicy):
                 switch_policy(stage, config, msg.policy, events)
             elif isinstance(msg, ProbeDecode):
-                events.put(probe_decode(stage, sm, msg, config.ladder.total))
+                events.put(
+                    probe_decode(
+                        stage,
+                        sm,
+                        msg,
+                        config.ladder.total,
+                        publish_split=publish_split,
+                        downstream_active=downstream_active,
+                    )
+                )
             else:
                 stage.submit(msg)
         if stop or watch.gone(time.monotonic()):
@@ -337,39 +352,139 @@ def switch_policy(stage: SharedStage, config: ServingConfig, name: str, events: 
     events.put(Event(POLICY, STAGE, time.monotonic(), data={"policy": name}))
 
 
-def probe_decode(stage: SharedStage, sm: SmCap, probe: ProbeDecode, total_sms: int) -> Event:
-    """Decode-only step times of a dummy batch at every SM level (the stage must be idle)."""
+def _level_plan(probe: ProbeDecode, sm: SmCap, total_sms: int) -> list[int]:
+    """SM counts the probe visits: the full GPU first, then every ladder level (or as asked)."""
+    if probe.levels is None:
+        return [total_sms, *sm.levels]
+    known = set(sm.levels)
+    return [s for s in probe.levels if s >= total_sms or s in known]
+
+
+def _prefill_all(stage: SharedStage, seqs: list[Sequence]) -> None:
+    """Prefill `seqs` (the token budget may split them over several executor calls)."""
+    batcher, executor = stage.batcher, stage.executor
+    pending = seqs
+    while pending:
+        plan = batcher.plan(pending)
+        executor.prefill(plan.prefill)
+        pending = pending[len(plan.prefill) :]
+
+
+def _stats(times: list[float], prefix: str = "") -> dict[str, float]:
+    times = sorted(times)
+    return {
+        f"{prefix}mean_s": sum(times) / len(times),
+        f"{prefix}p50_s": times[len(times) // 2],
+        f"{prefix}min_s": times[0],
+        f"{prefix}n": len(times),
+    }
+
+
+def _probe_decode_level(stage: SharedStage, probe: ProbeDecode, batch: int) -> dict[str, float]:
+    batcher, executor = stage.batcher, stage.executor
+    max_len = batcher.limits.max_len
+    context, target = batcher.fit(probe.context, max_len - min(probe.context, max_len - 1))
+    seqs = [Sequence(f"probe-{i}", context, target) for i in range(batch)]
+    _prefill_all(stage, seqs)
+    room = target - 1
+    if executor.use_graphs:  # stay inside one read-length bucket: no capture mid-measurement
+        room = min(room, bucket(executor.ctx_buckets, context + 1) - context - 1)
+    try:
+        for _ in range(min(probe.warmup_steps, room)):  # first use of a graph key captures it
+            executor.decode(seqs)
+            room -= 1
+        times: list[float] = []
+        t_start = time.monotonic()
+        while room > 0 and (
+            len(times) < probe.steps or time.monotonic() - t_start < probe.min_seconds
+        ):
+            t0 = time.monotonic()
+            executor.decode(seqs)
+            times.append(time.monotonic() - t0)
+            room -= 1
+        t_end = time.monotonic()
+    finally:
+        for seq in seqs:
+            batcher.finish(seq)
+    return {**_stats(times), "t_start": t_start, "t_end": t_end}
+
+
+def _probe_prefill_level(stage: SharedStage, probe: ProbeDecode) -> dict[str, float]:
+    batcher = stage.batcher
+    tokens = probe.prefill_tokens or probe.context
+    prompt, target = batcher.fit(tokens, 1)
+    times: list[float] = []
+    for rep in range(probe.prefill_reps + 1):  # the first repetition warms up
+        seqs = [Sequence(f"probe-p{i}", prompt, target) for i in range(probe.prefill_batch)]
+        t0 = time.monotonic()
+        _prefill_all(stage, seqs)
+        dt = time.monotonic() - t0
+        for seq in seqs:
+            batcher.finish(seq)
+        if rep:
+            times.append(dt)
+    out = _stats(times, "prefill_")
+    out["prefill_tokens"] = prompt * probe.prefill_batch
+    return out
+
+
+def probe_decode(
+    stage: SharedStage,
+    sm: SmCap,
+    probe: ProbeDecode,
+    total_sms: int,
+    *,
+    publish_split: Callable[[int, int], None] | None = None,
+    downstream_active: Callable[[], int] | None = None,
+) -> Event:
+    """Decode (and/or prefill) step times of a dummy batch at SM levels (the stage idle).
+
+    With `probe.corun` each level's split is published (the downstream stages take the
+    complement) after a downstream stage became active, so the times are co-running ones.
+    """
     from horizonserve.runtime.engine.reference.protocol import PROBE
 
     if not stage.idle:
         return Event(ERROR, STAGE, time.monotonic(), data={"message": "probe: stage is busy"})
-    batcher, executor = stage.batcher, stage.executor
-    batch = max(1, min(probe.batch, batcher.limits.max_batch))
-    context, target = batcher.fit(probe.context, probe.steps + 1)
+    if probe.kind not in ("decode", "prefill", "both"):
+        msg = f"probe: unknown kind {probe.kind!r}"
+        return Event(ERROR, STAGE, time.monotonic(), data={"message": msg})
+    batch = max(1, min(probe.batch, stage.batcher.limits.max_batch))
+    if probe.corun and downstream_active is not None:
+        deadline = time.monotonic() + 60.0
+        while downstream_active() <= 0:
+            if time.monotonic() > deadline:
+                msg = "probe: no downstream stage became active for the co-running probe"
+                return Event(ERROR, STAGE, time.monotonic(), data={"message": msg})
+            time.sleep(0.01)
     levels: dict[str, dict[str, float]] = {}
-    for level in (None, *sm.levels):
-        sm.activate(level)
-        seqs = [Sequence(f"probe-{i}", context, target) for i in range(batch)]
-        pending = seqs
-        while pending:  # the prefill budget may split the batch's prompts over iterations
-            plan = batcher.plan(pending)
-            executor.prefill(plan.prefill)
-            pending = pending[len(plan.prefill) :]
-        times = []
-        for _ in range(target - 1):
-            t0 = time.monotonic()
-            executor.decode(seqs)
-            times.append(time.monotonic() - t0)
-        for seq in seqs:
-            batcher.finish(seq)
-        times.sort()
-        levels[str(total_sms if level is None else level)] = {
-            "mean_s": sum(times) / len(times),
-            "p50_s": times[len(times) // 2],
-            "min_s": times[0],
-        }
-    sm.activate(None)
-    data = {"batch": batch, "context": context, "steps": target - 1, "levels": levels}
+    try:
+        for level in _level_plan(probe, sm, total_sms):
+            full = level >= total_sms
+            sm.activate(None if full else level)
+            if probe.corun and publish_split is not None:
+                publish_split(level, 0 if full else total_sms - level)
+                time.sleep(probe.settle_s)  # the downstream stage switches at its next step
+            rec: dict[str, float] = {}
+            if probe.kind in ("decode", "both"):
+                rec.update(_probe_decode_level(stage, probe, batch))
+            if probe.kind in ("prefill", "both"):
+                t0 = time.monotonic()
+                rec.update(_probe_prefill_level(stage, probe))
+                rec.setdefault("t_start", t0)
+                rec["t_end"] = time.monotonic()
+            levels[str(total_sms if full else level)] = rec
+    finally:
+        sm.activate(None)
+    data = {
+        "kind": probe.kind,
+        "batch": batch,
+        "context": probe.context,
+        "steps": probe.steps,
+        "corun": probe.corun,
+        "levels": levels,
+        **stage.executor.graph_info(),
+    }
     return Event(PROBE, STAGE, time.monotonic(), data=data)
 
 

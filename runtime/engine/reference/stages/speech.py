@@ -30,7 +30,7 @@ DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no lengt
 
 @dataclass(slots=True)
 class SpeechJob:
-    handoff: Handoff
+    handoff: Handoff | None  # None: a synthetic calibration job
     cond: torch.Tensor  # [L, thinker_hidden] on the device
     codes: list[int] = field(default_factory=list)
     emitted: int = 0  # codes already turned into waveform
@@ -57,6 +57,9 @@ class SpeechStage:
         self.pending: deque[Sequence] = deque()
         self.emit = emit
         self._clock = clock
+        self._synthetic = 0
+        # Timing of the last iteration (calibration): talker part, vocoder part, chunks made.
+        self.last_timing: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
 
     @property
     def in_flight(self) -> int:
@@ -72,14 +75,32 @@ class SpeechStage:
         prompt, target = self.batcher.fit(cond.shape[0], target)
         self.pending.append(Sequence(msg.rid, prompt, target, SpeechJob(msg, cond[-prompt:])))
 
+    def add_synthetic(self, n: int, prompt: int = 64) -> None:
+        """Top the stage up to `n` in flight with endless synthetic jobs (calibration load)."""
+        hidden = self.cond_proj.in_features
+        while self.in_flight < n:
+            cond = torch.randn(prompt, hidden, device=self.talker.device, dtype=self.talker.dtype)
+            p, target = self.batcher.fit(prompt, self.batcher.limits.max_len - prompt)
+            self._synthetic += 1
+            seq = Sequence(f"load-{self._synthetic}", p, target, SpeechJob(None, cond[-p:]))
+            self.pending.append(seq)
+
+    def cancel_all(self) -> None:
+        """Drop every job (calibration only: nothing real is in flight then)."""
+        self.pending.clear()
+        for seq in list(self.batcher.running):
+            self.batcher.finish(seq)
+
     @torch.inference_mode()
     def iterate(self) -> None:
+        t0 = time.monotonic()
         plan = self.batcher.plan(self.pending)
         for _ in plan.prefill:
             self.pending.popleft()
         embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
         self.talker.prefill(plan.prefill, embeds)
         self.talker.decode(plan.decode)
+        t1 = time.monotonic()
         ready: list[Sequence] = []
         for seq in plan.prefill + plan.decode:
             job: SpeechJob = seq.payload
@@ -90,6 +111,7 @@ class SpeechStage:
                 ready.append(seq)
         self._vocode(ready)
         t = self._clock()
+        self.last_timing = (t1 - t0, time.monotonic() - t1, len(ready), len(plan.prefill))
         for seq in ready:
             job = seq.payload
             if job.chunks == 1:
@@ -134,7 +156,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     device, dtype = loop.device, loop.dtype
     t_load = time.monotonic()
     talker_model = materialize(lambda: DecoderLM(preset.talker), device, dtype)
-    talker = ArExecutor(talker_model, preset.talker_limits, keep_hidden=False)
+    talker = ArExecutor(talker_model, preset.talker_limits, keep_hidden=False, graphs=cfg.graphs)
     cond_proj = materialize(
         lambda: nn.Linear(preset.thinker.hidden, preset.talker.hidden), device, dtype
     )
@@ -154,6 +176,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
         "params": preset.talker.params(),
         "load_s": time.monotonic() - t_load,
         "kv_cache_gib": talker.cache.nbytes() / 2**30,
+        **talker.graph_info(),
     }
     loop.serve(stage, info)
 

@@ -1,0 +1,407 @@
+"""Turn the raw measurements (`measure.Calibrator.run`) into a `CalibrationArtifact`.
+
+Every pipeline entry starts from the shipped estimate (`ESTIMATE_ARTIFACT`) and replaces what
+was measured; `notes[field]` says "measured: …" or "carried over …" for each field, so a
+reader knows which numbers came from this GPU. Model facts (tokens per second of audio, work
+units of a downstream model, engine limits of the serving engine the simulator models) are
+always carried over: the reference engine has the shapes of the models, not their tokenizers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime
+from typing import Any
+
+from horizonserve.runtime.calibrate import derive
+from horizonserve.runtime.calibrate.artifact import (
+    ESTIMATE_ARTIFACT,
+    CalibrationArtifact,
+    GpuKey,
+    PipelineCalibration,
+    SmCurve,
+    load_packaged,
+)
+from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM
+from horizonserve.runtime.config import SmLadder, default_ladder
+
+CARRIED = f"carried over from {ESTIMATE_ARTIFACT} (estimate)"
+
+
+def _curve(points: dict[int, float]) -> SmCurve | None:
+    pts = {int(s): float(v) for s, v in points.items() if v is not None and v > 0}
+    if not pts:
+        return None
+    xs = sorted(pts)
+    return SmCurve(sms=xs, values=[round(pts[x], 9) for x in xs])
+
+
+def _p50(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def level_stat(probe: dict[str, Any], key: str) -> dict[int, float]:
+    return {int(s): rec[key] for s, rec in probe["levels"].items() if rec.get(key)}
+
+
+def prefill_per_token(probe: dict[str, Any]) -> dict[int, float]:
+    out = {}
+    for s, rec in probe["levels"].items():
+        if rec.get("prefill_p50_s") and rec.get("prefill_tokens"):
+            out[int(s)] = rec["prefill_p50_s"] / rec["prefill_tokens"]
+    return out
+
+
+def by_sms(rows: list[list[float]], part: int = 3, *, kind: str = "main") -> dict[int, float]:
+    """Median component time per SM count from downstream rows.
+
+    rows: (t0, t1, sms, main s, second s, n, prefilled). kind "main": the main part of
+    iterations that admitted nothing (talker decode / DiT step); "chunk": the second part per
+    iteration that vocoded (code2wav), divided by nothing (a batch of n chunks).
+    """
+    groups: dict[int, list[float]] = {}
+    for r in rows:
+        sms = int(r[2])
+        if kind == "main" and r[6] == 0 and r[3] > 0:
+            groups.setdefault(sms, []).append(r[3])
+        elif kind == "chunk" and r[5] > 0 and r[4] > 0:
+            groups.setdefault(sms, []).append(r[4])
+    return {s: statistics.median(v) for s, v in groups.items() if v}
+
+
+def chunk_batch(rows: list[list[float]]) -> int:
+    ns = [int(r[5]) for r in rows if r[5] > 0]
+    return int(statistics.median(ns)) if ns else 1
+
+
+class _Notes(dict[str, str]):
+    def measured(self, key: str, text: str) -> None:
+        self[key] = f"measured: {text}"
+
+    def carried(self, key: str, extra: str = "") -> None:
+        self[key] = CARRIED + (f"; {extra}" if extra else "")
+
+
+def build_artifact(raw: dict[str, Any], command: str) -> tuple[CalibrationArtifact, dict[str, Any]]:
+    """The artifact and a summary (ladder, SLO table, Figure-4 table) of one calibration run."""
+    estimate = load_packaged(ESTIMATE_ARTIFACT)
+    gpu = raw["gpu"]
+    cuda = raw["device"].startswith("cuda")
+    total = int(gpu.get("sm_count") or estimate.gpu.sm_count)
+    iso = raw["iso"]
+    iso_b8 = level_stat(iso["decode_b8"], "p50_s")
+    iso_b1 = level_stat(iso["decode_b1"], "p50_s")
+    prefill = prefill_per_token(iso["prefill"])
+    f = iso["fracs"]
+    d1, seq_frac, ctx_frac = derive.decode_fracs(
+        f["b1_short"]["levels"][str(total)]["p50_s"],
+        f["b8_short"]["levels"][str(total)]["p50_s"],
+        f["b8_long"]["levels"][str(total)]["p50_s"],
+        f["b1_short"]["context"],
+        f["b8_long"]["context"],
+    )
+    ctx_short = f["b1_short"]["context"]
+    summary: dict[str, Any] = {"gpu": gpu, "total_sms": total, "pipelines": {}}
+    entries: dict[str, PipelineCalibration] = {}
+    for name in raw["options"]["pipelines"]:
+        entry, info = _pipeline(
+            raw, estimate.pipeline(name), name, total, cuda, iso_b8, iso_b1, prefill,
+            (d1, seq_frac, ctx_frac, ctx_short),
+        )  # fmt: skip
+        entries[name] = entry
+        summary["pipelines"][name] = info
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    what = "NVIDIA GPU" if cuda else "CPU (GPU-specific parts skipped: no SM ladder, no NVML)"
+    source = (
+        f"measured on {gpu['name']} ({what}) by horizonserve calibrate on {when}: `{command}`. "
+        f"Reference engine, preset {raw['options']['preset']} (the models' shapes, random "
+        "weights), stages as separate processes; per-field provenance in each pipeline's notes "
+        f"(fields not measured are carried over from {ESTIMATE_ARTIFACT}, an estimate)."
+    )
+    mem = gpu.get("memory_gib") or estimate.gpu.memory_gib
+    key = GpuKey(
+        name=gpu["name"] if cuda else f"cpu ({gpu.get('machine', '?')})",
+        driver=str(gpu.get("driver") or "unknown"),
+        sm_count=total,
+        memory_gib=round(float(mem), 2),
+        peak_bandwidth_gbs=estimate.gpu.peak_bandwidth_gbs if cuda else None,
+    )
+    art = CalibrationArtifact(source=source, created=when, gpu=key, pipelines=entries)
+    return art, summary
+
+
+def _pipeline(
+    raw: dict[str, Any],
+    tpl: PipelineCalibration,
+    name: str,
+    total: int,
+    cuda: bool,
+    iso_b8: dict[int, float],
+    iso_b1: dict[int, float],
+    prefill: dict[int, float],
+    fracs: tuple[float, float, float, int],
+) -> tuple[PipelineCalibration, dict[str, Any]]:
+    _d1, seq_frac, ctx_frac, ctx_short = fracs
+    stage = PIPELINE_DOWNSTREAM[name]
+    notes = _Notes()
+    p1 = raw.get("pipeline1", {}).get("sharing", "timeslice")
+    mps1 = p1 in ("mps-gc", "mps")
+    how = {
+        "mps-gc": "MPS + Green Contexts, disjoint SMs",
+        "gc": "Green Contexts without MPS (time-sliced processes)",
+    }.get(p1, f"{p1} sharing, no SM partition")
+    ctx = raw["iso"]["decode_b8"]["context"]
+    ptoks = next((r["prefill_tokens"] for r in raw["iso"]["prefill"]["levels"].values()), "?")
+    corun_run = raw.get("corun", {}).get(stage)
+    base_run = raw.get("baseline", {}).get(stage)
+    corun_b8 = level_stat(corun_run["probe"], "p50_s") if corun_run else {}
+    corun_pre = prefill_per_token(corun_run["probe"]) if corun_run else {}
+    corun_pressure = level_stat(corun_run["probe"], "pressure") if corun_run else {}
+    b8_desc = f"decode step of 8 sequences at {ctx} cached tokens (CUDA-graph replay on GPU), p50"
+
+    # -- ladder --------------------------------------------------------------------------------
+    swept = len([s for s in iso_b8 if s < total]) >= 2
+    if cuda and swept:
+        choice = derive.choose_ladder(iso_b8, corun_b8, prefill, total)
+        ladder = SmLadder(levels=list(choice.levels), aggressive=choice.s_aggr, total=total)
+        notes.measured(
+            "ladder",
+            f"S_cap {choice.s_cap}: {choice.reason}; S_min {choice.s_min}: smallest swept count "
+            f"with isolated TPOT <= {1 + derive.TOL_MIN:.2f} x best; S_aggr {choice.s_aggr}: "
+            "smallest count >= S_cap at near-best isolated decode and prefill; swept "
+            f"{sorted(iso_b8)} with the downstream stage ({stage}) on the complementary SMs",
+        )
+    else:
+        ladder = tpl.ladder if tpl.ladder.total == total else default_ladder(total)
+        notes.carried("ladder", "no SM sweep on this device")
+
+    # -- shared stage ----------------------------------------------------------------------------
+    sh = tpl.shared.model_dump()
+    scale = 1.0 + ctx_frac * ctx_short
+    step = _curve({s: v / scale for s, v in iso_b1.items()})
+    if step is not None:
+        sh["decode_step_s"] = step.model_dump()
+        notes.measured(
+            "shared.decode_step_s",
+            f"decode step of 1 sequence at {ctx_short} cached tokens per SM count (graph "
+            "replay, p50), the context term removed",
+        )
+    sh["decode_seq_frac"] = round(seq_frac, 6)
+    sh["decode_ctx_frac"] = round(ctx_frac, 9)
+    for k in ("decode_seq_frac", "decode_ctx_frac"):
+        notes.measured(
+            f"shared.{k}",
+            "batch 1 vs 8 at 128 tokens and batch 8 at 128 vs 1536 tokens, whole GPU; "
+            "T = d1·(1 + seq·(B-1) + ctx·B·c) solved for seq and ctx",
+        )
+    pre = _curve(prefill)
+    if pre is not None:
+        sh["prefill_token_s"] = pre.model_dump()
+        notes.measured("shared.prefill_token_s", f"one prompt of {ptoks} tokens per SM count, p50")
+    ts_dec = ts_pre = None
+    if base_run is not None:
+        b_iso = raw["baseline"]["iso"]["levels"][str(total)]
+        b_co = base_run["probe"]["levels"][str(total)]
+        ts_dec = b_co["p50_s"] / b_iso["p50_s"]
+        ts_pre = b_co["prefill_p50_s"] / b_iso["prefill_p50_s"]
+    cd = {s: corun_b8[s] / iso_b8[s] for s in corun_b8 if s in iso_b8 and s < total}
+    cp = {s: corun_pre[s] / prefill[s] for s in corun_pre if s in prefill and s < total}
+    mps_dec = corun_b8[total] / iso_b8[total] if total in corun_b8 and total in iso_b8 else None
+    mps_pre = corun_pre[total] / prefill[total] if total in corun_pre and total in prefill else None
+    full_dec = ts_dec if ts_dec is not None else mps_dec
+    full_pre = ts_pre if ts_pre is not None else mps_pre
+    if full_dec:
+        cd[total] = full_dec
+    if full_pre:
+        cp[total] = full_pre
+    cdc, cpc = _curve(cd), _curve(cp)
+    at_full = (
+        "at S_tot the Vanilla mode (no MPS, both stages on the whole GPU, time-sliced)"
+        if ts_dec is not None
+        else f"at S_tot both stages on the whole GPU ({p1})"
+    )
+    if cdc is not None and corun_run:
+        sh["corun_decode_factor"] = cdc.model_dump()
+        notes.measured(
+            "shared.corun_decode_factor",
+            f"{b8_desc} with the {stage} stage running flat out on S_tot - s SMs ({how}) / "
+            f"the same alone; {at_full}",
+        )
+    if cpc is not None and corun_run:
+        sh["corun_prefill_factor"] = cpc.model_dump()
+        notes.measured(
+            "shared.corun_prefill_factor", f"{ptoks}-token prefill, co-running / alone; {at_full}"
+        )
+    for k in (
+        "sm_switch_s", "max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
+        "tokens_per_audio_second", "tokens_per_image", "tokens_per_video_second",
+        "decode_tokens_per_output_audio_second", "handoff_after_tokens",
+    ):  # fmt: skip
+        notes.carried(f"shared.{k}", "engine limits / model facts")
+
+    # -- downstream -------------------------------------------------------------------------------
+    alone = raw.get("downstream_alone", {}).get(stage)
+    downs = [d.model_dump() for d in tpl.downstream]
+    ds_info: dict[str, Any] = {}
+    f_ts_down = f_mps_down = None
+    if alone is not None:
+        parts = [("main", 3)] if stage == "image" else [("main", 3), ("chunk", 4)]
+        for i, (kind, _col) in enumerate(parts):
+            if i >= len(downs):
+                break
+            d = downs[i]
+            al = by_sms(alone["rows"], kind=kind)
+            one = by_sms(alone["batch1_rows"], kind=kind)
+            nb = alone["batch"] if kind == "main" else chunk_batch(alone["rows"])
+            frac = derive.batch_frac(one.get(total, 0.0), al.get(total, 0.0), nb)
+            if stage == "image":
+                frac = d["batch_frac"]  # measured at batch 1 only (the DiT stage runs batch 1)
+            unit = 1.0
+            if kind == "chunk":  # the template's step is 1 s of audio; ours is code_chunk codes
+                from horizonserve.runtime.engine.reference.presets import get_preset
+
+                pr = get_preset(raw["options"]["preset"])
+                unit = pr.codes_per_audio_second / pr.code_chunk
+            steps = {s: unit * v / (1 + frac * (nb - 1)) for s, v in al.items()}
+            c = _curve(steps)
+            if c is not None:
+                d["step_s"] = c.model_dump()
+                d["batch_frac"] = round(frac, 5)
+                what = {"main": "talker decode step" if stage == "speech" else "DiT step",
+                        "chunk": "code2wav chunk"}[kind]  # fmt: skip
+                notes.measured(
+                    f"downstream.{d['name']}.step_s",
+                    f"reference {stage} stage's {what} alone under synthetic load per SM count "
+                    f"(batch {nb}, normalised to batch 1 by batch_frac)"
+                    + (f"; x{unit:g} to the template's 1-s chunk" if unit != 1.0 else ""),
+                )
+            if corun_run:
+                co = by_sms(corun_run["rows"], kind=kind)
+                fac = {total - s: co[s] / al[s] for s in co if s in al and s < total}
+                if total in co and total in al:
+                    fac[total] = co[total] / al[total]  # both on the whole GPU (pipeline 1)
+                    if i == 0 and mps1:
+                        f_mps_down = fac[total]
+                fc = _curve(fac)
+                if fc is not None:
+                    d["corun_factor"] = fc.model_dump()
+                    notes.measured(
+                        f"downstream.{d['name']}.corun_factor",
+                        "step while the shared stage decodes at s SMs (this stage on S_tot - s) "
+                        "/ the same alone, vs s",
+                    )
+            if base_run and i == 0:
+                bco = by_sms(base_run["rows"], kind=kind)
+                if total in bco and total in al:
+                    f_ts_down = bco[total] / al[total]
+            ds_info[d["name"]] = {"alone_s": al, "batch": nb}
+    for d in downs:
+        for k in ("work_fixed", "work_per_audio_second", "work_per_input_image",
+                  "first_output_work", "max_batch"):  # fmt: skip
+            notes.carried(f"downstream.{d['name']}.{k}", "model facts")
+    # -- sharing ---------------------------------------------------------------------------------
+    sharing = tpl.sharing.model_dump()
+    if f_ts_down:
+        sharing["timeslice_downstream_factor"] = round(max(1.0, f_ts_down), 4)
+        notes.measured(
+            "sharing.timeslice_downstream_factor",
+            f"{stage} step with the shared stage decoding, both on the whole GPU, no MPS / alone",
+        )
+    else:
+        notes.carried("sharing.timeslice_downstream_factor")
+    if f_mps_down:
+        sharing["mps_downstream_factor"] = round(max(1.0, f_mps_down), 4)
+        notes.measured(
+            "sharing.mps_downstream_factor",
+            f"{stage} step with the shared stage decoding, both on the whole GPU, MPS / alone",
+        )
+    else:
+        notes.carried("sharing.mps_downstream_factor")
+    if ts_dec and mps_dec and mps1:
+        sharing["mps_shared_excess"] = round(derive.excess_share(mps_dec, ts_dec), 4)
+        notes.measured(
+            "sharing.mps_shared_excess",
+            f"(MPS co-run factor {mps_dec:.3f} - 1) / (time-sliced factor {ts_dec:.3f} - 1)",
+        )
+    else:
+        notes.carried("sharing.mps_shared_excess")
+    # -- pressure --------------------------------------------------------------------------------
+    pressure = tpl.pressure.model_dump()
+    p_idle = raw.get("pressure_idle")
+    p_shared = raw["iso"]["decode_b8"]["levels"].get(str(total), {}).get("pressure")
+    p_down = alone.get("pressure_full") if alone else None
+    for key, val, what in (
+        ("idle", p_idle, "nothing running"),
+        ("shared_only", p_shared, "shared-stage decode alone, whole GPU"),
+        ("downstream_only", p_down, f"{stage} stage alone, whole GPU"),
+    ):
+        if val is not None:
+            pressure[key] = round(min(1.0, max(0.0, val)), 4)
+            notes.measured(f"pressure.{key}", f"NVML memory activity, {what}")
+        else:
+            notes.carried(f"pressure.{key}", "no NVML reading")
+    pc = _curve({s: v for s, v in corun_pressure.items() if v})
+    if pc is not None:
+        pressure["corun"] = pc.model_dump()
+        notes.measured("pressure.corun", "NVML memory activity during the co-running sweep")
+    else:
+        notes.carried("pressure.corun", "no NVML reading")
+    b_sat = derive.choose_b_sat(corun_pressure, ladder.s_cap) if corun_pressure else None
+    if b_sat is not None:
+        notes.measured("b_sat", "highest co-running NVML memory activity at or below S_cap")
+    else:
+        b_sat = tpl.b_sat
+        notes.carried("b_sat", "no NVML on this device")
+    if "noise_sd" in pressure:
+        notes.carried("pressure.noise_sd")
+    # -- solo p95 --------------------------------------------------------------------------------
+    solo = raw.get("solo", {}).get(name, {})
+    p95s: dict[str, float] = {}
+    for cls, value in tpl.solo_p95_s.items():
+        lat = solo.get(cls, {}).get("latency_s") or []
+        if lat:
+            p95s[cls] = round(derive.p95(lat), 5)
+        else:
+            p95s[cls] = value
+            notes.carried(f"solo_p95_s.{cls}", "not measured")
+    src = tpl.solo_p95_source
+    if solo:
+        n = {c: len(v.get("latency_s", [])) for c, v in solo.items()}
+        src = (
+            "measured: each class alone (closed loop, one request at a time, fcfs, Vanilla "
+            f"sharing on a GPU), nearest-rank p95 of {n} requests; reference engine with the "
+            "model's prompt lengths (media tokens per the template), first response = first "
+            "token / first audio chunk / finished image"
+        )
+    entry = PipelineCalibration(
+        pipeline=name,
+        model=tpl.model,
+        ladder=ladder,
+        b_sat=round(b_sat, 4),
+        shared=sh,
+        downstream=downs,
+        sharing=sharing,
+        pressure=pressure,
+        solo_p95_s=p95s,
+        solo_p95_source=src,
+        notes=dict(sorted(notes.items())),
+    )
+    info = {
+        "context": ctx,
+        "sharing_mode": p1,
+        "ladder": ladder.model_dump(),
+        "s_cap": ladder.s_cap,
+        "s_aggr": ladder.aggressive,
+        "b_sat": entry.b_sat,
+        "tpot_b8_iso_s": iso_b8,
+        "tpot_b8_corun_s": corun_b8,
+        "tpot_b8_timeslice_full_s": (
+            base_run["probe"]["levels"][str(total)]["p50_s"] if base_run else None
+        ),
+        "pressure_corun": corun_pressure,
+        "solo_p95_s": p95s,
+        "slo_s": {c: round(v * 5.0, 5) for c, v in p95s.items()},
+        "downstream": ds_info,
+        "sharing": sharing,
+    }
+    return entry, info

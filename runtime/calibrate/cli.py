@@ -1,0 +1,168 @@
+"""`horizonserve calibrate`: measure the SLO table, SM ladder and stage costs on this GPU.
+
+    horizonserve calibrate --pipeline qwen2_5_omni --out-dir DIR [--preset full|tiny] [--quick]
+
+Runs the reference stage pipeline (`engine.reference`, the models' shapes with random weights)
+on this machine: solo p95 first response per class (→ SLO table × multiplier), a fixed-SM sweep
+of the shared stage alone and with each downstream stage co-running on the complementary SMs
+(→ S_cap, ladder, S_aggr, B_sat), downstream step times per SM count, and the co-running factors
+of the Vanilla and MPS sharing modes. Writes one versioned artifact
+`<pipelines>--<gpu>--<driver>.json` into --out-dir (the node sidecar looks it up by model + GPU
+name + driver), the raw measurements next to it (`.raw.log`, JSON), and prints a summary.
+On a CPU (`--preset tiny`) the GPU-specific parts are skipped and the artifact says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipeline",
+        default="qwen2_5_omni",
+        help="pipeline(s) to calibrate, comma separated, or 'all' (default qwen2_5_omni)",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("."), help="where the artifact and raw log go"
+    )
+    parser.add_argument(
+        "--preset", choices=("full", "tiny"), default="full", help="reference model sizes"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer SM levels and requests")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default auto)")
+    parser.add_argument("--solo-requests", type=int, help="requests per class for solo p95")
+    parser.add_argument("--levels", help="shared-stage SM counts to sweep, comma separated")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the Vanilla (time-sliced) pipeline; solo runs then use the first one",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def artifact_name(pipelines: tuple[str, ...], gpu: str, driver: str) -> str:
+    return f"{'-'.join(pipelines)}--{_slug(gpu)}--{_slug(driver)}"
+
+
+def parse_pipelines(text: str) -> tuple[str, ...]:
+    names = PIPELINES if text == "all" else tuple(p.strip() for p in text.split(",") if p.strip())
+    for n in names:
+        if n not in PIPELINES:
+            raise ValueError(f"--pipeline: unknown pipeline {n!r}; choose from {PIPELINES}")
+    if not names:
+        raise ValueError("--pipeline: name at least one pipeline")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from horizonserve.runtime.calibrate.build import build_artifact
+    from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
+
+    pipelines = parse_pipelines(args.pipeline)
+    levels = None
+    if args.levels:
+        levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    opts = CalibrationOptions(
+        pipelines=pipelines,
+        preset=args.preset,
+        quick=args.quick,
+        device=args.device,
+        solo_requests=args.solo_requests,
+        seed=args.seed,
+        levels=levels,
+        baseline=not args.no_baseline,
+    )
+    command = "horizonserve calibrate " + " ".join(shlex.quote(a) for a in _argv())
+    bar: Any = None
+    t0 = time.monotonic()
+    started = [False]
+
+    def progress(label: str) -> None:
+        if bar is None:
+            return
+        if started[0]:
+            bar.update(1)
+        started[0] = True
+        bar.set_description_str(label)
+        if args.no_progress:  # still say what runs, one line per step
+            print(f"[calibrate {time.monotonic() - t0:6.1f}s] {label}", file=sys.stderr)
+
+    cal = Calibrator(opts, progress)
+    total = Calibrator.steps_for(opts, cal.cuda)
+    bar = tqdm(total=total, disable=args.no_progress, file=sys.stderr, unit="step", desc="")
+    try:
+        raw = cal.run()
+    finally:
+        bar.update(bar.total - bar.n)
+        bar.close()
+    raw["command"] = command
+    art, summary = build_artifact(raw, command)
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = artifact_name(pipelines, art.gpu.name, art.gpu.driver)
+    path = out_dir / f"{stem}.json"
+    path.write_text(art.model_dump_json(indent=2) + "\n")
+    (out_dir / f"{stem}.raw.log").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    (out_dir / f"{stem}.summary.txt").write_text(format_summary(summary, command) + "\n")
+    print(format_summary(summary, command))
+    print(f"artifact: {path} ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+def _argv() -> list[str]:
+    argv = sys.argv[1:]
+    return argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.2f}"
+
+
+def format_summary(summary: dict[str, Any], command: str) -> str:
+    """Figure-4 table (decode TPOT vs shared SMs), SLO table and ladder, as plain text."""
+    gpu = summary["gpu"]
+    lines = [
+        f"calibration on {gpu['name']} (driver {gpu.get('driver')}, "
+        f"{summary['total_sms']} SMs): {command}"
+    ]
+    for name, p in summary["pipelines"].items():
+        lines.append(f"\n== {name}")
+        iso, co = p["tpot_b8_iso_s"], p["tpot_b8_corun_s"]
+        lines.append(
+            f"decode TPOT, batch 8 x {p['context']} tokens (ms, p50) vs shared-stage SMs "
+            f"(co-run: {p['sharing_mode']}, downstream on the other SMs):"
+        )
+        lines.append(f"{'SMs':>5} {'isolated':>9} {'co-run':>9} {'NVML mem':>9}")
+        for s in sorted(set(iso) | set(co)):
+            pr = p["pressure_corun"].get(s)
+            pr_s = "—" if pr is None else f"{pr:.2f}"
+            lines.append(f"{s:>5} {_ms(iso.get(s)):>9} {_ms(co.get(s)):>9} {pr_s:>9}")
+        if p.get("tpot_b8_timeslice_full_s"):
+            ts = _ms(p["tpot_b8_timeslice_full_s"])
+            lines.append(f"whole GPU, Vanilla (no MPS, time-sliced) co-running: {ts} ms")
+        lad = p["ladder"]
+        lines.append(
+            f"ladder {lad['levels']}  S_cap {p['s_cap']}  S_aggr {p['s_aggr']}  "
+            f"S_tot {lad['total']}  B_sat {p['b_sat']}"
+        )
+        lines.append(f"{'class':16} {'solo p95 ms':>12} {'SLO ms (x5)':>12}")
+        for c, v in p["solo_p95_s"].items():
+            lines.append(f"{c:16} {v * 1e3:>12.1f} {p['slo_s'][c] * 1e3:>12.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""Pure decisions of the calibration: S_cap, S_min, the ladder, S_aggr, B_sat, cost fractions.
+
+Inputs are plain dicts {SM count: seconds} measured by `runtime.calibrate.measure`; nothing
+here touches a GPU, so the rules are unit-tested on synthetic curves.
+
+S_cap (paper §4.2): the smallest SM count whose isolated decode TPOT is within `tol_iso` of
+the best isolated TPOT *and* whose co-running TPOT (downstream on the complementary SMs) is
+within `tol_corun` of the best co-running TPOT, i.e. past the decode saturation knee and not
+in a regime where co-running makes it worse. S_min: the smallest swept count whose isolated
+TPOT is within `tol_min` of the best (the least the shared stage may keep while throttled).
+The ladder is up to `max_levels` swept counts from S_min to S_cap. S_aggr: the smallest count
+at near-best isolated decode *and* prefill (prefill is compute-bound, so usually the whole GPU),
+never below S_cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+TOL_ISO = 0.05
+TOL_CORUN = 0.10
+TOL_MIN = 0.35
+TOL_AGGR = 0.05
+MAX_LEVELS = 4
+
+
+@dataclass(frozen=True)
+class LadderChoice:
+    s_min: int
+    s_cap: int
+    s_aggr: int
+    levels: tuple[int, ...]
+    reason: str
+
+
+def _best(curve: Mapping[int, float]) -> float:
+    return min(curve.values())
+
+
+def choose_s_cap(
+    iso: Mapping[int, float],
+    corun: Mapping[int, float] | None,
+    total: int,
+    *,
+    tol_iso: float = TOL_ISO,
+    tol_corun: float = TOL_CORUN,
+) -> tuple[int, str]:
+    """S_cap from isolated and co-running decode TPOT per SM count (see module docstring)."""
+    capped = sorted(s for s in iso if s < total)
+    if not capped:
+        raise ValueError("no capped SM level was measured")
+    best = _best(iso)
+    near = [s for s in capped if iso[s] <= (1 + tol_iso) * best]
+    co = {s: v for s, v in (corun or {}).items() if s < total}
+    if co:
+        best_co = _best(co)
+        ok = [s for s in near if s in co and co[s] <= (1 + tol_corun) * best_co]
+        if ok:
+            why = (
+                f"smallest SM count with isolated TPOT <= {1 + tol_iso:.2f} x best "
+                f"({best * 1e3:.2f} ms) and co-running TPOT <= {1 + tol_corun:.2f} x best "
+                f"co-running ({best_co * 1e3:.2f} ms)"
+            )
+            return ok[0], why
+    if near:
+        return near[0], f"smallest SM count with isolated TPOT <= {1 + tol_iso:.2f} x best"
+    return capped[-1], "no capped level reached near-best TPOT: the largest capped level"
+
+
+def choose_s_min(iso: Mapping[int, float], s_cap: int, *, tol_min: float = TOL_MIN) -> int:
+    best = _best(iso)
+    ok = [s for s in sorted(iso) if s <= s_cap and iso[s] <= (1 + tol_min) * best]
+    return ok[0] if ok else s_cap
+
+
+def ladder_levels(
+    swept: Sequence[int], s_min: int, s_cap: int, *, max_levels: int = MAX_LEVELS
+) -> tuple[int, ...]:
+    """Up to `max_levels` swept counts from S_min to S_cap, both ends kept, evenly spread."""
+    inside = sorted({s for s in swept if s_min <= s <= s_cap} | {s_min, s_cap})
+    if len(inside) == 1:  # give the controller a step below S_cap when one exists
+        lower = [s for s in sorted(swept) if s < s_cap]
+        if lower:
+            inside = [lower[-1], s_cap]
+    if len(inside) <= max_levels:
+        return tuple(inside)
+    n = len(inside) - 1
+    picks = sorted({inside[round(i * n / (max_levels - 1))] for i in range(max_levels)})
+    return tuple(picks)
+
+
+def choose_s_aggr(
+    iso: Mapping[int, float],
+    prefill: Mapping[int, float] | None,
+    s_cap: int,
+    total: int,
+    *,
+    tol: float = TOL_AGGR,
+) -> int:
+    best = _best(iso)
+    best_p = _best(prefill) if prefill else None
+    for s in sorted(iso):
+        if s < s_cap:
+            continue
+        if iso[s] > (1 + tol) * best:
+            continue
+        if prefill and best_p is not None and (s not in prefill or prefill[s] > (1 + tol) * best_p):
+            continue
+        return s
+    return total
+
+
+def choose_ladder(
+    iso: Mapping[int, float],
+    corun: Mapping[int, float] | None,
+    prefill: Mapping[int, float] | None,
+    total: int,
+) -> LadderChoice:
+    s_cap, why = choose_s_cap(iso, corun, total)
+    s_min = choose_s_min(iso, s_cap)
+    levels = ladder_levels(sorted(iso), s_min, s_cap)
+    s_aggr = choose_s_aggr(iso, prefill, levels[-1], total)
+    return LadderChoice(levels[0], levels[-1], s_aggr, levels, why)
+
+
+def choose_b_sat(corun_pressure: Mapping[int, float], s_cap: int) -> float | None:
+    """Saturation pressure: the highest co-running memory activity seen at or below S_cap."""
+    vals = [v for s, v in corun_pressure.items() if s <= s_cap and v == v and v > 0]
+    if not vals:
+        return None
+    return min(1.0, max(0.05, max(vals)))
+
+
+def decode_fracs(
+    t1: float, t8_short: float, t8_long: float, ctx_short: int, ctx_long: int
+) -> tuple[float, float, float]:
+    """(d1, seq_frac, ctx_frac) of T = d1·(1 + seq·(B-1) + ctx·B·c) from three probes.
+
+    t1: batch 1 at ctx_short; t8_short / t8_long: batch 8 at ctx_short / ctx_long.
+    """
+    per_token = max(0.0, (t8_long - t8_short) / (8 * (ctx_long - ctx_short)))  # d1·ctx_frac
+    d1 = max(t1 - per_token * ctx_short, 0.25 * t1)
+    ctx_frac = per_token / d1
+    seq = (t8_short - d1 - per_token * 8 * ctx_short) / (7 * d1)
+    return d1, max(0.0, seq), ctx_frac
+
+
+def batch_frac(t1: float, tn: float, n: int) -> float:
+    """frac of step·(1 + frac·(n-1)) from a batch-1 and a batch-n step time."""
+    if n <= 1 or t1 <= 0:
+        return 0.0
+    return max(0.0, (tn / t1 - 1.0) / (n - 1))
+
+
+def excess_share(f_mps: float, f_ts: float) -> float:
+    """Share of the time-sliced co-running excess that MPS keeps, in [0, 1]."""
+    if f_ts <= 1.0:
+        return 0.0
+    return min(1.0, max(0.0, (f_mps - 1.0) / (f_ts - 1.0)))
+
+
+def p95(values: Sequence[float]) -> float:
+    """Nearest-rank p95 (the bench's percentile rule)."""
+    s = sorted(values)
+    if not s:
+        raise ValueError("p95 of nothing")
+    return s[min(len(s) - 1, max(0, round(0.95 * (len(s) - 1))))]
