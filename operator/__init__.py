@@ -1,1 +1,0 @@
-"""HorizonServe Kubernetes operator (kopf): OmniService CRD, per-node serving pods, status."""
