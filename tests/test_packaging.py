@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -17,17 +19,29 @@ def _declared() -> set[str]:
 def test_every_package_folder_is_declared() -> None:
     found = set()
     for top in ("runtime", "operator"):
-        for init in (ROOT / top).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT).parts
-            found.add(".".join(("horizonserve", *rel)))
+        for module in (ROOT / top).rglob("*.py"):
+            rel = module.parent.relative_to(ROOT).parts
+            if "__pycache__" not in rel:
+                found.add(".".join(("horizonserve", *rel)))
     missing = sorted(found - _declared())
     assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
 def test_operator_does_not_shadow_the_standard_library() -> None:
-    import operator
-
-    assert hasattr(operator, "itemgetter")
+    """`operator/` has no __init__.py: from the repository root, `import operator` must still
+    find the standard library (a regular module beats a namespace portion on sys.path)."""
+    assert not (ROOT / "operator" / "__init__.py").exists()
+    code = "import operator, sys; sys.exit(0 if hasattr(operator, 'itemgetter') else 1)"
+    done = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, check=False)
+    assert done.returncode == 0
+    plain = subprocess.run(
+        [sys.executable, "-c", "import operator; print(operator.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not plain.stdout.startswith(str(ROOT))
     assert importlib.import_module("horizonserve.operator").__name__ == "horizonserve.operator"
 
 
