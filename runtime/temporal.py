@@ -50,6 +50,7 @@ class StepView:
     n: int  # short-path phases in the current cycle
     long_limit: tuple[float, int] | None  # ordinary long visible iff (deadline, seq) <= this
     long_visible: bool  # False: no ordinary long-path prefill is visible this step
+    visible: int  # how many waiting requests are visible: a walk stops after that many
     edf: bool = False  # the base scheduler sees visible requests in deadline order
 
     def is_visible(self, sig: RequestSignals) -> bool:
@@ -69,19 +70,28 @@ class StepView:
         if self.edf:
             yield from self.split(waiting, signals)[0]
             return
-        # is_visible, inlined: this loop is the per-step cost the base scheduler pays.
+        # is_visible, inlined: this loop is the per-step cost the base scheduler pays. It ends
+        # after the last visible request, so a long-path phase that shows only a few (they
+        # are old, near the queue's front) does not walk the whole queue.
+        left = self.visible
+        if left <= 0:
+            return
         show_short = self.phase is not Phase.LONG
         long_visible = self.long_visible
         limit = self.long_limit
         for item in waiting:
             sig = signals(item)
             if sig.prefilled or sig.protected:
-                yield item
+                pass
             elif not sig.long_path:
-                if show_short:
-                    yield item
-            elif long_visible and (limit is None or (sig.deadline, sig.seq) <= limit):
-                yield item
+                if not show_short:
+                    continue
+            elif not long_visible or (limit is not None and (sig.deadline, sig.seq) > limit):
+                continue
+            yield item
+            left -= 1
+            if not left:
+                return
 
     def split(
         self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]
@@ -133,6 +143,7 @@ class TemporalScheduler:
 
     __slots__ = (
         "_cap",
+        "_continuations",
         "_control",
         "_cycle_pos",
         "_edf",
@@ -140,6 +151,7 @@ class TemporalScheduler:
         "_heap",
         "_keep_late",
         "_long_ordinary",
+        "_long_waiting",
         "_n",
         "_rotation",
         "_short_protected",
@@ -164,6 +176,8 @@ class TemporalScheduler:
         self._long_ordinary: list[tuple[float, int, RequestSignals]] = []
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
+        self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
+        self._continuations = 0  # decode continuations waiting
 
     # -- queue membership -------------------------------------------------------------------
     def add(self, sig: RequestSignals, now: float) -> None:
@@ -172,10 +186,12 @@ class TemporalScheduler:
             raise ValueError(f"request {sig.request_id!r} is already waiting")
         sig.waiting = True
         if sig.prefilled:
-            return  # decode continuation: always visible, not counted
+            self._continuations += 1  # always visible, not part of the rotation's counts
+            return
         sig.late = not self._keep_late and now > sig.deadline
         sig.protected = not sig.late and sig.is_protected(now)
         if sig.long_path:
+            self._long_waiting += 1
             if not sig.protected:
                 insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
         else:
@@ -193,8 +209,10 @@ class TemporalScheduler:
             return
         sig.waiting = False
         if sig.prefilled:
+            self._continuations -= 1
             return
         if sig.long_path:
+            self._long_waiting -= 1
             if not sig.protected:
                 self._drop_long(sig)
         else:
@@ -253,8 +271,11 @@ class TemporalScheduler:
         step = self._step
         self._step = step + 1
         long_n = len(self._long_ordinary)
+        cont = self._continuations
+        long_protected = self._long_waiting - long_n
         if not self._rotation:
-            return StepView(step, Phase.ALL, 0, None, True, self._edf)
+            total = cont + self._short_waiting + self._long_waiting
+            return StepView(step, Phase.ALL, 0, None, True, total, self._edf)
         control = self._control
         if self._cycle_pos == 0:
             self._n = rotation_n(control, self._short_protected, self._short_waiting)
@@ -267,12 +288,14 @@ class TemporalScheduler:
         elif phase is Phase.LONG and long_n == 0:
             phase = Phase.SHORT
         if phase is Phase.SHORT:
-            return StepView(step, phase, n, None, False)
+            visible = cont + self._short_waiting + long_protected
+            return StepView(step, phase, n, None, False, visible)
+        visible = cont + self._short_protected + long_protected
         cap = self._cap
         if cap == 0:
-            return StepView(step, phase, n, None, False)
+            return StepView(step, phase, n, None, False, visible)
         limit = self._long_ordinary[cap - 1][:2] if long_n > cap else None
-        return StepView(step, phase, n, limit, True)
+        return StepView(step, phase, n, limit, True, visible + min(cap, long_n))
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

@@ -22,14 +22,9 @@ from itertools import islice
 
 from horizonserve.runtime.config import (
     ControlParams,
-    Metric,
-    Path,
-    Priority,
-    RequestClass,
     ServingConfig,
-    SloTable,
-    SmLadder,
-    StageProfile,
+    default_ladder,
+    load_pipeline,
 )
 from horizonserve.runtime.policy import make_policy
 from horizonserve.runtime.profiler import InputFeatures, RequestSignals
@@ -39,28 +34,13 @@ PAPER_US = {"annotation": 0.4, "view": 1.0, "sm-cap": 0.3}
 
 
 def _config() -> ServingConfig:
-    def cls(name: str, prio: Priority, path: Path, metric: Metric, p95: float, down: int):
-        return RequestClass(
-            name=name,
-            priority=prio,
-            path=path,
-            metric=metric,
-            solo_p95_s=p95,
-            profile=StageProfile(downstream_steps_to_first_response=down, downstream_step_s=0.02),
-        )
-
-    slo = SloTable(
-        classes=[
-            cls("text", Priority.TEXT, Path.SHORT, Metric.TTFT, 0.08, 0),
-            cls("speech", Priority.AUDIO, Path.LONG, Metric.TTFO, 0.9, 12),
-            cls("image", Priority.IMAGE, Path.LONG, Metric.E2E, 4.0, 50),
-        ]
-    )
+    """The embedded Qwen2.5-Omni classes (8 classes, text/speech output) and default ladder."""
+    spec = load_pipeline("qwen2_5_omni")
     return ServingConfig(
-        model="bench/omni",
-        pipeline="qwen2_5_omni",
-        slo=slo,
-        ladder=SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132),
+        model=spec.model,
+        pipeline=spec.name,
+        slo=spec.slo,
+        ladder=default_ladder(132),
         control=ControlParams(),
     )
 
@@ -85,13 +65,15 @@ def _median_ns(
 
 def _filled_policy(n: int, seed: int):  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
-    policy = make_policy("horizon", _config())
+    config = _config()
+    names = [c.name for c in config.slo.classes]
+    policy = make_policy("horizon", config)
     queue = []
     for i in range(n):
-        prio = rng.choice((0, 0, 10, 20))
         arrival = rng.uniform(-1.0, 0.0)
         feats = InputFeatures(input_tokens=rng.randint(20, 2000))
-        queue.append(policy.admit(f"r{i}", arrival, priority=prio, features=feats))
+        sig = policy.admit(f"r{i}", arrival, class_name=rng.choice(names), features=feats)
+        queue.append(sig)
     queue.sort(key=lambda s: s.arrival)  # FCFS queue order
     return policy, queue
 
@@ -103,7 +85,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
     # Annotation: admit n fresh requests into an empty policy (built outside the timing).
     fresh = [make_policy("horizon", cfg)]
     ids = [f"r{i}" for i in range(n)]
-    prios = [(0, 10, 20)[i % 3] for i in range(n)]
+    prios = [(0, 10)[i % 2] for i in range(n)]  # API priority codes, as requests carry them
 
     def new_policy() -> None:
         fresh[0] = make_policy("horizon", cfg)

@@ -108,6 +108,7 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
             visible, hidden = view.split(q.items, _ident)
             assert visible == oracle_visible(view, q.items, now, cap)
             assert list(view.iter_visible(q.items, _ident)) == visible
+            assert view.visible == len(visible)
             for s in hidden:
                 assert not s.prefilled
                 assert not s.is_protected(now) or now > s.deadline
