@@ -62,8 +62,26 @@ def launch_us(n: int = 2000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def sm_clock_mhz() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+    except Exception:
+        return None
+
+
+def prefill_ms(ex: ArExecutor, n: int) -> float:
+    seq = Sequence("pf", n, 1, slot=0)
+    t0 = time.perf_counter()
+    ex.prefill([seq])  # ends with .tolist(): a host sync
+    return (time.perf_counter() - t0) * 1e3
+
+
 def row(phase: str, stream: str, **kw: Any) -> None:
-    r = {"phase": phase, "stream": stream, **kw}
+    r = {"phase": phase, "stream": stream, "sm_mhz_after": sm_clock_mhz(), **kw}
     RESULTS["rows"].append(r)
     print(json.dumps(r), flush=True)
 
@@ -108,11 +126,14 @@ def main() -> int:
     RESULTS["torch"] = torch.__version__
     steps = args.steps
 
-    # A: legacy default stream, no Green Context exists in the process yet.
+    # A: legacy default stream, no Green Context exists in the process yet; measured twice in
+    # a row (A1 = the first decode steps of the process, as the smoke's first probe level).
     legacy = torch.cuda.default_stream()
+    RESULTS["sm_mhz_start"] = sm_clock_mhz()
     with torch.cuda.stream(legacy):
-        b8 = decode_ms(eager, 8, 512, steps)
-        row("A-no-gc", "legacy-default", b8=b8, launch_us=launch_us())
+        for name in ("A1-no-gc", "A2-no-gc-again"):
+            b8 = decode_ms(eager, 8, 512, steps)
+            row(name, "legacy-default", b8=b8, launch_us=launch_us())
     # B: a plain side stream.
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -151,6 +172,20 @@ def main() -> int:
             kw["matmul8192_graph_ms"] = matmul_graph_ms(None)
         row("D-serving-ladder", name, **kw)
     cap.activate(None)
+    # P: prefill of one prompt, lengths never seen vs repeated (raw shapes, no buckets), then
+    # at another SM level, then the bucketed executor (its buckets warmed first).
+    eager.bucket_prefill = False
+    raw = {str(n): prefill_ms(eager, n) for n in (301, 302, 303)}
+    again = {str(n): prefill_ms(eager, n) for n in (301, 302, 303)}
+    cap.activate(64)
+    at64 = {"304 (new)": prefill_ms(eager, 304), "301 (seen at whole GPU)": prefill_ms(eager, 301)}
+    cap.activate(None)
+    t0 = time.perf_counter()
+    graph.warm_prefill(2048)
+    warm_s = time.perf_counter() - t0
+    bucketed = {str(n): prefill_ms(graph, n) for n in (305, 306, 777, 1500)}
+    row("P-prefill-shapes", "gc-whole-gpu", new_len_ms=raw, repeated_len_ms=again,
+        level64_ms=at64, warm_prefill_s=warm_s, bucketed_new_len_ms=bucketed)  # fmt: skip
     # E: legacy default stream again, Green Contexts now exist in the process.
     with torch.cuda.stream(legacy):
         b8 = decode_ms(eager, 8, 512, steps)

@@ -69,6 +69,16 @@ def by_sms(rows: list[list[float]], part: int = 3, *, kind: str = "main") -> dic
     return {s: statistics.median(v) for s, v in groups.items() if v}
 
 
+def in_windows(rows: list[list[float]], probe: dict[str, Any]) -> list[list[float]]:
+    """Downstream rows that ran entirely while the shared stage was busy at a probe level.
+
+    The shared stage is idle while it settles on a new split and between levels; rows from
+    then are not co-running and would bias the co-running factors towards 1.
+    """
+    wins = [(rec["t_start"], rec["t_end"]) for rec in probe["levels"].values() if "t_start" in rec]
+    return [r for r in rows if any(a <= r[0] and r[1] <= b for a, b in wins)]
+
+
 def chunk_batch(rows: list[list[float]]) -> int:
     ns = [int(r[5]) for r in rows if r[5] > 0]
     return int(statistics.median(ns)) if ns else 1
@@ -276,7 +286,7 @@ def _pipeline(
                     + (f"; x{unit:g} to the template's 1-s chunk" if unit != 1.0 else ""),
                 )
             if corun_run:
-                co = by_sms(corun_run["rows"], kind=kind)
+                co = by_sms(in_windows(corun_run["rows"], corun_run["probe"]), kind=kind)
                 fac = {total - s: co[s] / al[s] for s in co if s in al and s < total}
                 if total in co and total in al:
                     fac[total] = co[total] / al[total]  # both on the whole GPU (pipeline 1)
@@ -291,7 +301,7 @@ def _pipeline(
                         "/ the same alone, vs s",
                     )
             if base_run and i == 0:
-                bco = by_sms(base_run["rows"], kind=kind)
+                bco = by_sms(in_windows(base_run["rows"], base_run["probe"]), kind=kind)
                 if total in bco and total in al:
                     f_ts_down = bco[total] / al[total]
             ds_info[d["name"]] = {"alone_s": al, "batch": nb}

@@ -3,11 +3,15 @@
 Inputs are plain dicts {SM count: seconds} measured by `runtime.calibrate.measure`; nothing
 here touches a GPU, so the rules are unit-tested on synthetic curves.
 
-S_cap (paper §4.2): the smallest SM count whose isolated decode TPOT is within `tol_iso` of
-the best isolated TPOT *and* whose co-running TPOT (downstream on the complementary SMs) is
-within `tol_corun` of the best co-running TPOT, i.e. past the decode saturation knee and not
-in a regime where co-running makes it worse. S_min: the smallest swept count whose isolated
-TPOT is within `tol_min` of the best (the least the shared stage may keep while throttled).
+S_cap (paper §4.2): the smallest SM count at near-best isolated decode TPOT *and* near-best
+co-running TPOT (downstream on the complementary SMs): past the decode saturation knee and
+not in a regime where co-running makes it worse. "Near-best" is within `tol_rel` of the best
+or within `tol_range` of the way from the best to the worst swept TPOT, whichever is looser:
+a curve that is flat past its knee but dips a few per cent at one late level (the H200 under
+MPS: 7.30 ms at 64 SMs, 7.25-7.26 at 80-96, 6.78 at 112) keeps its knee as S_cap instead of
+the late dip, which would leave the downstream stage a sliver of the GPU for a 7 % gain.
+S_min: the smallest swept count whose isolated TPOT is within `tol_min` of the best (the
+throttled shared stage keeps at least 1/(1 + tol_min) of its best decode rate).
 The ladder is up to `max_levels` swept counts from S_min to S_cap. S_aggr: the smallest count
 at near-best isolated decode *and* prefill (prefill is compute-bound, so usually the whole GPU),
 never below S_cap.
@@ -18,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-TOL_ISO = 0.05
-TOL_CORUN = 0.10
-TOL_MIN = 0.35
+TOL_REL = 0.05
+TOL_RANGE = 0.10
+TOL_MIN = 0.5
 TOL_AGGR = 0.05
 MAX_LEVELS = 4
 
@@ -38,33 +42,41 @@ def _best(curve: Mapping[int, float]) -> float:
     return min(curve.values())
 
 
+def near_best_limit(
+    curve: Mapping[int, float], tol_rel: float = TOL_REL, tol_range: float = TOL_RANGE
+) -> float:
+    """The largest TPOT that still counts as near-best on this curve (module docstring)."""
+    best, worst = min(curve.values()), max(curve.values())
+    return best + max(tol_rel * best, tol_range * (worst - best))
+
+
 def choose_s_cap(
     iso: Mapping[int, float],
     corun: Mapping[int, float] | None,
     total: int,
     *,
-    tol_iso: float = TOL_ISO,
-    tol_corun: float = TOL_CORUN,
+    tol_rel: float = TOL_REL,
+    tol_range: float = TOL_RANGE,
 ) -> tuple[int, str]:
     """S_cap from isolated and co-running decode TPOT per SM count (see module docstring)."""
     capped = sorted(s for s in iso if s < total)
     if not capped:
         raise ValueError("no capped SM level was measured")
-    best = _best(iso)
-    near = [s for s in capped if iso[s] <= (1 + tol_iso) * best]
+    lim = near_best_limit(iso, tol_rel, tol_range)
+    near = [s for s in capped if iso[s] <= lim]
+    rule = f"within {tol_rel:.0%} of the best or {tol_range:.0%} of the best-to-worst range"
     co = {s: v for s, v in (corun or {}).items() if s < total}
     if co:
-        best_co = _best(co)
-        ok = [s for s in near if s in co and co[s] <= (1 + tol_corun) * best_co]
+        lim_co = near_best_limit(co, tol_rel, tol_range)
+        ok = [s for s in near if s in co and co[s] <= lim_co]
         if ok:
             why = (
-                f"smallest SM count with isolated TPOT <= {1 + tol_iso:.2f} x best "
-                f"({best * 1e3:.2f} ms) and co-running TPOT <= {1 + tol_corun:.2f} x best "
-                f"co-running ({best_co * 1e3:.2f} ms)"
+                f"smallest SM count whose isolated TPOT (<= {lim * 1e3:.2f} ms) and co-running "
+                f"TPOT (<= {lim_co * 1e3:.2f} ms) are both near-best ({rule})"
             )
             return ok[0], why
     if near:
-        return near[0], f"smallest SM count with isolated TPOT <= {1 + tol_iso:.2f} x best"
+        return near[0], f"smallest SM count with near-best isolated TPOT ({rule})"
     return capped[-1], "no capped level reached near-best TPOT: the largest capped level"
 
 
@@ -98,12 +110,12 @@ def choose_s_aggr(
     *,
     tol: float = TOL_AGGR,
 ) -> int:
-    best = _best(iso)
+    lim = near_best_limit(iso)
     best_p = _best(prefill) if prefill else None
     for s in sorted(iso):
         if s < s_cap:
             continue
-        if iso[s] > (1 + tol) * best:
+        if iso[s] > lim:
             continue
         if prefill and best_p is not None and (s not in prefill or prefill[s] > (1 + tol) * best_p):
             continue

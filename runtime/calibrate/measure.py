@@ -197,7 +197,7 @@ class Calibrator:
         self.level_s = 0.25 if tiny else (0.6 if q else 1.0)  # seconds per level (loads, NVML)
         self.steps = 6 if tiny else (20 if q else 40)
         self.solo_n = opts.solo_requests or (3 if tiny else (6 if q else 30))
-        self.solo_short_n = opts.solo_requests or (3 if tiny else (10 if q else 60))
+        self.solo_short_n = opts.solo_requests or (3 if tiny else (20 if q else 60))
         self.ctx = 32 if tiny else 512
         self.ctx_short, self.ctx_long = (16, 96) if tiny else (128, 1536)
         self.prefill_tokens = 64 if tiny else 2048

@@ -1,7 +1,12 @@
 """Tensor side of an AR stage: runs a `BatchPlan` through a `DecoderLM` and its KV cache.
 
-Prefill pads the admitted prompts to the longest one (no mask when they are equally long) and
-runs eagerly: few, large kernels.
+Prefill pads the admitted prompts to the longest one and runs eagerly: few, large kernels. On
+CUDA the padded length is also rounded up to a bucket (`prefill_buckets`): on the H200 the
+first prefill at a new length cost ~70-90 ms more than a repeated one (per-shape library
+set-up), which made solo TTFT of short prompts 4-5x their compute time; with buckets every
+shape is warmed once at start (`warm_prefill`). Right padding needs no mask: under causal
+attention a real token never sees a later (padded) position, and the cache positions the
+padding writes are rewritten by decode before anything reads them.
 
 Decode runs one row per KV slot: row i of the step is slot i, so keys and values are views of
 the cache (nothing gathered) and every tensor of the step lives in static buffers. Rows of slots
@@ -34,6 +39,8 @@ from horizonserve.runtime.engine.reference.presets import StageLimits
 log = logging.getLogger(__name__)
 
 MIN_CTX_BUCKET = 128
+PREFILL_SMALL = (16, 32, 64, 128, 256)
+PREFILL_STEP = 256
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -53,6 +60,17 @@ def ctx_buckets(max_len: int) -> tuple[int, ...]:
         out.append(n)
         n *= 2
     out.append(max_len)
+    return tuple(out)
+
+
+def prefill_buckets(limit: int) -> tuple[int, ...]:
+    """Prompt lengths prefill is padded to: 16..256 by doubling, then steps of 256, then limit."""
+    out = [b for b in PREFILL_SMALL if b < limit]
+    n = PREFILL_STEP * 2
+    while n < limit:
+        out.append(n)
+        n += PREFILL_STEP
+    out.append(limit)
     return tuple(out)
 
 
@@ -105,6 +123,8 @@ class ArExecutor:
         self._keys = torch.arange(limits.max_len, device=self.device)
         self.batch_buckets = batch_buckets(n)
         self.ctx_buckets = ctx_buckets(limits.max_len)
+        self.bucket_prefill = cuda
+        self.prefill_buckets = prefill_buckets(limits.max_len)
         self._graphs: dict[tuple[int, int, int], _Graph | None] = {}
         self._pool: Any = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_captures = 0
@@ -122,6 +142,10 @@ class ArExecutor:
             return
         lens = [s.prompt_len for s in seqs]
         n = max(lens)
+        padded = min(lens) != n
+        if self.bucket_prefill:
+            n = bucket(self.prefill_buckets, n)
+            padded = False  # right padding: causal attention alone is exact (module docstring)
         if embeds is None:
             inputs = torch.randint(0, self.model.dims.vocab, (len(seqs), n), device=self.device)
         else:
@@ -131,7 +155,6 @@ class ArExecutor:
                 inputs[i, : e.shape[0]] = e
         lengths = torch.tensor(lens, device=self.device)
         slots = self._slots(seqs)
-        padded = min(lens) != n
         hid = self.model.prefill(inputs, lengths, slots, self.cache, padded=padded)
         if self.hidden is not None:
             self.hidden[slots, :n] = hid
@@ -141,6 +164,16 @@ class ArExecutor:
             seq.length = seq.prompt_len
             seq.generated = 1
             seq.last_token = tok
+
+    def warm_prefill(self, limit: int) -> None:
+        """Prefill one prompt of every bucket length up to `limit` (slot 0; CUDA only)."""
+        if not self.bucket_prefill:
+            return
+        for b in self.prefill_buckets:
+            if b > min(limit, self.max_len - 1):
+                break
+            seq = Sequence("warm", b, 1, slot=0)
+            self.prefill([seq])
 
     # -- decode -------------------------------------------------------------------------------
     def _step(

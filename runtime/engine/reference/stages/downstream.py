@@ -183,5 +183,5 @@ class DownstreamLoop:
                 self.writer.set_active(stage.in_flight, time.monotonic_ns())
         self.writer.set_active(0, time.monotonic_ns())
         self.events.put(Event(STOPPED, self.name, time.monotonic(), data=memory_info(self.device)))
-        self.sm.close()
+        # The SM ladder stays open until the process leaves (see stages.shared.main).
         self.record.close()

@@ -336,7 +336,9 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
             stage.iterate()
     stage.flush_trace(force=True)
     events.put(Event(STOPPED, STAGE, time.monotonic(), data=memory_info(device)))
-    sm.close()
+    # The SM ladder is not closed: the process leaves right after (os._exit), and destroying
+    # the Green Contexts first made a later free of a pinned buffer record an event on a dead
+    # stream ("invalid device context", std::terminate) on the H200.
     record.close()
 
 
@@ -489,7 +491,10 @@ def probe_decode(
 
 
 def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> None:
-    """One prefill + decode per SM level, so first requests pay no lazy initialisation."""
+    """Every prefill length bucket once (whole GPU), then one prefill + decode per SM level,
+    so first requests pay no lazy initialisation."""
+    sm.activate(None)
+    executor.warm_prefill(batcher.limits.max_prefill_tokens)
     for level in (None, *getattr(sm, "levels", ())):
         sm.activate(level)
         seq = Sequence("warmup", min(32, batcher.limits.max_len // 2), 2)

@@ -165,6 +165,8 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append)
     if cfg.warmup:
         h = preset.thinker.hidden
+        loop.sm.activate(None)
+        talker.warm_prefill(preset.talker_limits.max_prefill_tokens)
         for level in loop.warmup_levels():
             loop.sm.activate(level)
             stage.submit(_warmup_handoff(h, 2 * preset.code_chunk, dtype))
