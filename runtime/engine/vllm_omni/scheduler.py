@@ -1,0 +1,588 @@
+"""HorizonServe inside vLLM-Omni's stage schedulers.
+
+The shared stage (stage 0: Qwen2.5-Omni's thinker, MiMo-Audio's fused thinker-talker, BAGEL's
+thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stage opportunity):
+
+  1. the policy's waiting index is already in sync with `waiting` + `skipped_waiting`: hooks on
+     `_enqueue_waiting_request` (new → `admit`, a resumed streaming session → `requeue`),
+     `_preempt_request` (→ `requeue` as a continuation) and `_free_request` (→ `dequeue`) keep it
+     so in O(1) per change; a cheap length check triggers a full audit only when the queues
+     changed behind the hooks' back;
+  2. `policy.step(now, downstream_active=<control record>, pressure_sample=<NVML>)` gives the
+     queue view and the SM split; the split is published in the control record;
+  3. Omni's own gates run (`OmniARScheduler.schedule`), then — between them and vLLM's
+     `Scheduler.schedule` — the view is applied: `waiting` / `skipped_waiting` are swapped for
+     queues holding only the visible requests (at most `free slots + margin` of `waiting`, in
+     queue order), vLLM's scheduler runs on them, and the originals are restored exactly:
+     taken requests leave, requests the base scheduler put back (preempted, skipped) go to the
+     front as it left them, every other request keeps its original position;
+  4. requests the base scheduler took are `dequeue`d.
+
+The view hook sits *inside* `OmniARScheduler.schedule()` (the class `_ViewHook` is placed
+between Omni's scheduler and vLLM's in the MRO), exactly where Omni's own whole-queue deferral
+hides `waiting`, so Omni's input gates, aborted-request drops and queue restores run on the real
+queues, unchanged.
+
+Downstream stages (talker, code2wav; the diffusion stage has no vLLM scheduler, see
+`worker.py`) get thin subclasses that only publish how many requests they run into their slot
+of the control record and remember each request's carried stamp (class, original deadline).
+
+`ar_scheduler` / `generation_scheduler` are what the re-registered pipelines name as
+`scheduler_cls`: vLLM's EngineCore calls them like a class.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from itertools import chain, islice
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue, create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler as VLLMScheduler
+from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
+from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
+
+from horizonserve.runtime.config import ServingConfig
+from horizonserve.runtime.engine.vllm_omni import shared
+from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
+from horizonserve.runtime.engine.vllm_omni.stamps import (
+    Stamp,
+    external_id,
+    known_priority,
+    monotonic_from_wall,
+    stamp_of_request,
+)
+from horizonserve.runtime.monitor import ControlRecord, RequestTable
+from horizonserve.runtime.policy import SchedulingPolicy, StepDecision, make_policy
+from horizonserve.runtime.profiler import InputFeatures, RequestSignals
+from horizonserve.runtime.temporal import Phase, StepView
+
+log = logging.getLogger(__name__)
+
+SIG_ATTR = "_hs_sig"  # RequestSignals stored on the vLLM Request (no lookup on the hot path)
+STAMP_ATTR = "_hs_stamp"  # Stamp stored on a downstream stage's Request
+_NAN = math.nan
+
+# Stage kind codes written into a downstream slot (diagnostics only).
+KIND_AR = 1
+KIND_GENERATION = 2
+KIND_DIFFUSION = 3
+
+
+def _sig(request: Any) -> RequestSignals | None:
+    return request.__dict__.get(SIG_ATTR)
+
+
+def is_continuation(request: Any) -> bool:
+    """Prefill already done (or in progress) once: preempted, KV arrived, streaming resume."""
+    return bool(request.num_computed_tokens or request.num_output_tokens or request.num_preemptions)
+
+
+def _pressure_sampler() -> Callable[[], float | None] | None:
+    """NVML memory activity when this process runs on a CUDA platform, else None."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cuda():
+            return None
+    except Exception:  # platform detection failed: behave as CPU
+        return None
+    from horizonserve.runtime.gpu import NvmlPressureSampler
+
+    sampler = NvmlPressureSampler(0, min_interval_ns=20_000_000)
+    if not sampler.available:  # logged once by the sampler
+        return None
+
+    def sample() -> float | None:
+        value = sampler.sample()
+        return None if value != value else value  # NaN → unknown
+
+    return sample
+
+
+class _Token:
+    """What `hide` swapped out, for `restore`."""
+
+    __slots__ = ("s", "vis_s", "vis_w", "vs", "vw", "w")
+
+    def __init__(self, w: Any, s: Any, vis_w: list, vis_s: list, vw: Any, vs: Any) -> None:
+        self.w, self.s, self.vis_w, self.vis_s, self.vw, self.vs = w, s, vis_w, vis_s, vw, vs
+
+
+class SharedStageController:
+    """The shared stage's decision-maker: one policy, its waiting index, the view, the record."""
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        *,
+        knobs: Knobs | None = None,
+        record: ControlRecord | None = None,
+        table: RequestTable | None = None,
+        pressure: Callable[[], float | None] | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.config = config
+        self.knobs = knobs or Knobs()
+        self.policy: SchedulingPolicy = make_policy(config.policy, config)
+        self.record = record
+        self.writer = record.decision_writer() if record is not None else None
+        self.table = table
+        self.pressure = pressure
+        self.clock_ns = clock_ns
+        self.max_age_ns = int(self.knobs.max_age_s * 1e9)
+        self._class_names = frozenset(c.name for c in config.slo.classes)
+        # Waiting requests by id (== the policy's waiting set), and per-category counts.
+        self.waiting: dict[str, Any] = {}
+        self.n_short_prefill = 0
+        self.n_long_prefill = 0
+        self._gap = 0  # len(queues) - len(self.waiting) after the last audit
+        # Diagnostics (tests, bench).
+        self.steps = 0
+        self.audits = 0
+        self.swaps = 0
+        self.last_decision: StepDecision | None = None
+        self.last_visible: list[str] = []
+        self.last_hidden_count = 0
+
+    # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
+    def _enter(self, request: Any, sig: RequestSignals) -> None:
+        self.waiting[request.request_id] = request
+        if not sig.prefilled:
+            if sig.long_path:
+                self.n_long_prefill += 1
+            else:
+                self.n_short_prefill += 1
+
+    def _leave(self, request: Any, sig: RequestSignals) -> None:
+        if self.waiting.pop(request.request_id, None) is None:
+            return
+        if not sig.prefilled:
+            if sig.long_path:
+                self.n_long_prefill -= 1
+            else:
+                self.n_short_prefill -= 1
+        self.policy.dequeue(sig)
+
+    def _class_of(self, request: Any) -> tuple[int, str | None, int, bool]:
+        """(priority, class name or None, original arrival ns, rider) of a new request."""
+        stamp = stamp_of_request(request)
+        if stamp is not None:
+            name = stamp.class_name if stamp.class_name in self._class_names else None
+            # A request derived from another (BAGEL's CFG companions carry the parent's stamp)
+            # rides with it: always visible, never counted against the long-path cap.
+            rider = stamp.rid != external_id(request)
+            return stamp.priority, name, stamp.arrival_ns, rider
+        if self.table is not None:
+            entry = self.table.lookup(external_id(request))
+            if entry is not None:
+                return entry.priority, None, entry.arrival_ns, False
+        slo = self.config.slo
+        prio = request.priority if known_priority(slo, request.priority) else 0
+        return prio, None, monotonic_from_wall(request.arrival_time), False
+
+    def adopt(self, request: Any, now: float) -> RequestSignals:
+        """Annotate a request seen for the first time and enter it into the waiting index."""
+        prio, name, arrival_ns, rider = self._class_of(request)
+        if not known_priority(self.config.slo, prio) and name is None:
+            prio = 0
+        features = InputFeatures(input_tokens=request.num_prompt_tokens)
+        arrival = arrival_ns * 1e-9
+        policy = self.policy
+        if rider or is_continuation(request):
+            sig = policy.profiler.annotate(
+                external_id(request), arrival, priority=prio, class_name=name, features=features
+            )
+            sig.record_progress(prefilled=True)
+            policy.requeue(sig, now)
+        else:
+            sig = policy.admit(
+                external_id(request), arrival, priority=prio, class_name=name, features=features
+            )
+        request.__dict__[SIG_ATTR] = sig
+        self._enter(request, sig)
+        return sig
+
+    def on_enqueue(self, request: Any) -> None:
+        """`request` was put into `waiting` / `skipped_waiting`."""
+        sig = _sig(request)
+        now = self.clock_ns() * 1e-9
+        if sig is None:
+            self.adopt(request, now)
+        elif not sig.waiting:
+            if not sig.prefilled and is_continuation(request):
+                sig.record_progress(prefilled=True)
+            self.policy.requeue(sig, now)
+            self._enter(request, sig)
+
+    def on_preempt(self, request: Any) -> None:
+        """`request` went from running back to the front of `waiting`."""
+        sig = _sig(request)
+        if sig is None:
+            self.adopt(request, self.clock_ns() * 1e-9)
+            return
+        if sig.waiting:
+            return
+        if not sig.prefilled:
+            sig.record_progress(prefilled=True)
+        self.policy.requeue(sig, self.clock_ns() * 1e-9)
+        self._enter(request, sig)
+
+    def on_free(self, request: Any) -> None:
+        """`request` finished or was aborted."""
+        sig = _sig(request)
+        if sig is not None and sig.waiting:
+            self._leave(request, sig)
+
+    def _sig_of(self, request: Any) -> RequestSignals:
+        sig = request.__dict__.get(SIG_ATTR)
+        if sig is None or not sig.waiting:  # entered the queues behind the hooks' back
+            self.on_enqueue(request)
+            sig = request.__dict__[SIG_ATTR]
+        return sig
+
+    def audit(self, sched: Any) -> None:
+        """O(queue) resync: adopt unknown queued requests, drop vanished ones."""
+        self.audits += 1
+        present = set()
+        for request in chain(sched.waiting, sched.skipped_waiting):
+            present.add(request)
+            self._sig_of(request)
+        live = sched.requests
+        for rid, request in list(self.waiting.items()):
+            if request in present:
+                continue
+            if request.is_finished() or live.get(rid) is not request:
+                self._leave(request, request.__dict__[SIG_ATTR])
+            # else: parked by an Omni input gate (it comes back); stays waiting for the policy
+        self._gap = len(present) - len(self.waiting)
+
+    # -- one step ------------------------------------------------------------------------------
+    def begin_step(self, sched: Any) -> StepDecision:
+        """Signals, view and SM split for this step; publishes the split."""
+        now_ns = self.clock_ns()
+        queued = len(sched.waiting) + len(sched.skipped_waiting)
+        if queued - len(self.waiting) != self._gap:
+            self.audit(sched)
+        record = self.record
+        active = (
+            record.downstream_active_total(now_ns, self.max_age_ns) if record is not None else 0
+        )
+        sample = self.pressure() if self.pressure is not None else None
+        decision = self.policy.step(
+            now_ns * 1e-9, downstream_active=active > 0, pressure_sample=sample
+        )
+        if self.writer is not None:
+            sm = decision.sm
+            smoothed = _NAN if decision.pressure is None else decision.pressure
+            raw = _NAN if sample is None else sample
+            self.writer.publish(sm.shared, sm.downstream, sm.level, smoothed, raw, now_ns)
+        self.steps += 1
+        self.last_decision = decision
+        return decision
+
+    def _may_hide(self, view: StepView) -> bool:
+        """False when the view certainly hides nothing and keeps queue order (O(1))."""
+        if view.edf:
+            return True
+        if view.phase is Phase.ALL:
+            return False
+        if view.phase is Phase.SHORT:
+            return self.n_long_prefill > 0
+        long_hidden = not view.long_visible or view.long_limit is not None
+        return self.n_short_prefill > 0 or (long_hidden and self.n_long_prefill > 0)
+
+    def hide(self, sched: Any, view: StepView) -> _Token | None:
+        """Swap in queues holding only what the base scheduler may see; None: nothing to do."""
+        w, s = sched.waiting, sched.skipped_waiting
+        self.last_hidden_count = 0
+        if not w and not s:
+            return None
+        free = (
+            sched.max_num_running_reqs
+            - len(sched.running)
+            - getattr(sched, "num_waiting_for_streaming_input", 0)
+        )
+        if free <= 0 or not self._may_hide(view):
+            return None
+        sig_of = self._sig_of
+        margin = self.knobs.window_margin
+        vis_s = list(view.iter_visible(s, sig_of)) if s else []
+        if margin is None or view.edf:
+            vis_w = list(view.iter_visible(w, sig_of))
+        else:
+            vis_w = list(islice(view.iter_visible(w, sig_of), free + margin))
+        vw = create_request_queue(sched.policy)
+        vs = create_request_queue(sched.policy)
+        _fill(vw, vis_w)
+        _fill(vs, vis_s)
+        sched.waiting, sched.skipped_waiting = vw, vs
+        self.swaps += 1
+        self.last_visible = [r.request_id for r in chain(vis_s, vis_w)]
+        return _Token(w, s, vis_w, vis_s, vw, vs)
+
+    def restore(self, sched: Any, token: _Token) -> None:
+        """Put the original queues back: taken requests out, re-queued ones in front."""
+        left_w, left_s = sched.waiting, sched.skipped_waiting
+        sched.waiting, sched.skipped_waiting = token.w, token.s
+        now_w, now_s = list(left_w), list(left_s)
+        set_w, set_s = set(now_w), set(now_s)
+        _restore_queue(token.w, token.vis_w, now_w, set_w)
+        _restore_queue(token.s, token.vis_s, now_s, set_s)
+        for request in chain(token.vis_w, token.vis_s):
+            if request not in set_w and request not in set_s:  # taken into the batch
+                self._leave(request, request.__dict__[SIG_ATTR])
+
+    def run(self, sched: Any, base_schedule: Callable[[bool], Any], throttle: bool) -> Any:
+        decision = self.begin_step(sched)
+        token = self.hide(sched, decision.view)
+        if token is None:
+            return base_schedule(throttle)
+        try:
+            return base_schedule(throttle)
+        finally:
+            self.restore(sched, token)
+
+
+def _fill(queue: Any, requests: list) -> None:
+    if isinstance(queue, FCFSRequestQueue):
+        queue.extend(requests)
+    else:
+        for request in requests:
+            queue.add_request(request)
+
+
+def _restore_queue(queue: Any, visible: list, now: list, now_set: set) -> None:
+    """`queue` held `visible` (among others); after the step the view held `now`."""
+    shown = set(visible)
+    gone = [r for r in visible if r not in now_set]  # taken, or moved to the other queue
+    added = [r for r in now if r not in shown]  # preempted / skipped into this queue
+    if isinstance(queue, FCFSRequestQueue):
+        if gone:
+            if len(gone) <= 32:
+                for request in gone:
+                    queue.remove(request)
+            else:
+                queue.remove_requests(gone)
+        if added:
+            queue.extendleft(reversed(added))
+    else:  # priority heap: order is the heap's own
+        if gone:
+            queue.remove_requests(set(gone))
+        for request in added:
+            queue.add_request(request)
+
+
+# -- scheduler classes -------------------------------------------------------------------------
+
+
+class _ViewHook(VLLMScheduler):
+    """Between Omni's `schedule()` and vLLM's: applies the controller's view."""
+
+    _hs: SharedStageController | None
+
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        hs = self.__dict__.get("_hs")
+        if hs is None:
+            return super().schedule(throttle_prefills)
+        return hs.run(self, super().schedule, throttle_prefills)
+
+
+class SharedStageHooks:
+    """Hooks of the shared stage's scheduler that keep the policy's waiting index in sync."""
+
+    _hs: SharedStageController | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._hs = None
+        super().__init__(*args, **kwargs)
+        self._hs = build_shared_controller(self.vllm_config)  # type: ignore[attr-defined]
+        log.info(
+            "HorizonServe: shared stage scheduler %s, policy %s, ladder %s",
+            type(self).__name__,
+            self._hs.config.policy.value,
+            self._hs.config.ladder.levels,
+        )
+
+    @property
+    def horizon(self) -> SharedStageController:
+        assert self._hs is not None
+        return self._hs
+
+    def _enqueue_waiting_request(self, request: Any) -> None:
+        super()._enqueue_waiting_request(request)  # type: ignore[misc]
+        if self._hs is not None:
+            self._hs.on_enqueue(request)
+
+    def _preempt_request(self, request: Any, timestamp: float, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, timestamp, *args, **kwargs)  # type: ignore[misc]
+        if self._hs is not None:
+            self._hs.on_preempt(request)
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if self._hs is not None:
+            self._hs.on_free(request)
+        return result
+
+
+class HorizonOmniARScheduler(SharedStageHooks, OmniARScheduler, _ViewHook):
+    """The shared stage's synchronous AR scheduler with HorizonServe."""
+
+
+class HorizonOmniARAsyncScheduler(SharedStageHooks, OmniARAsyncScheduler, _ViewHook):
+    """The shared stage's async AR scheduler (vLLM-Omni's default) with HorizonServe."""
+
+
+class DownstreamStage:
+    """A downstream stage's share of the control state: its activity slot, the stamps."""
+
+    def __init__(
+        self,
+        stage_id: int,
+        kind: int,
+        *,
+        record: ControlRecord | None,
+        table: RequestTable | None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.stage_id = stage_id
+        self.slot = max(0, min(stage_id - 1, shared.N_SLOTS - 1))
+        self.writer = record.downstream_writer(self.slot, kind) if record is not None else None
+        self.table = table
+        self.clock_ns = clock_ns
+        self.stamps: dict[str, Stamp | None] = {}
+        self._last_active = -1
+
+    def on_enqueue(self, request: Any) -> None:
+        if request.request_id in self.stamps:
+            return
+        stamp = stamp_of_request(request)
+        if stamp is None and self.table is not None:
+            entry = self.table.lookup(external_id(request))
+            if entry is not None:
+                stamp = Stamp(
+                    external_id(request), entry.priority, "", entry.arrival_ns, entry.deadline_ns
+                )
+        self.stamps[request.request_id] = stamp
+        request.__dict__[STAMP_ATTR] = stamp
+
+    def on_free(self, request: Any) -> None:
+        self.stamps.pop(request.request_id, None)
+
+    def publish(self, active: int) -> None:
+        """Requests this stage is running; refreshed every step (it is also the heartbeat)."""
+        if self.writer is not None:
+            self.writer.set_active(active, self.clock_ns())
+        self._last_active = active
+
+
+class DownstreamHooks:
+    """Thin downstream-stage scheduler: marks activity, remembers the carried stamps."""
+
+    _hs_down: DownstreamStage | None
+    _hs_kind = KIND_AR
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._hs_down = None
+        super().__init__(*args, **kwargs)
+        stage_id = int(getattr(self.vllm_config.model_config, "stage_id", 1) or 1)  # type: ignore[attr-defined]
+        self._hs_down = DownstreamStage(
+            stage_id, self._hs_kind, record=shared.control_record(), table=shared.request_table()
+        )
+
+    def hs_stamp(self, request_id: str) -> Stamp | None:
+        """The class and original deadline a request of this stage carries."""
+        return self._hs_down.stamps.get(request_id) if self._hs_down is not None else None
+
+    def _enqueue_waiting_request(self, request: Any) -> None:
+        super()._enqueue_waiting_request(request)  # type: ignore[misc]
+        if self._hs_down is not None:
+            self._hs_down.on_enqueue(request)
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if self._hs_down is not None:
+            self._hs_down.on_free(request)
+        return result
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if self._hs_down is not None:
+            self._hs_down.publish(len(self.running))  # type: ignore[attr-defined]
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
+        if self._hs_down is not None:
+            self._hs_down.publish(len(self.running))  # type: ignore[attr-defined]
+        return out
+
+
+class HorizonDownstreamARScheduler(DownstreamHooks, OmniARScheduler):
+    """A downstream AR stage (Qwen2.5-Omni's talker), synchronous."""
+
+
+class HorizonDownstreamARAsyncScheduler(DownstreamHooks, OmniARAsyncScheduler):
+    """A downstream AR stage (Qwen2.5-Omni's talker), async (the default)."""
+
+
+class HorizonGenerationScheduler(DownstreamHooks, OmniGenerationScheduler):
+    """A generation stage (code2wav of Qwen2.5-Omni / MiMo-Audio)."""
+
+    _hs_kind = KIND_GENERATION
+
+
+# -- construction ------------------------------------------------------------------------------
+
+
+def build_shared_controller(vllm_config: Any) -> SharedStageController:
+    hint = getattr(getattr(vllm_config.model_config, "hf_config", None), "model_type", None)
+    config = resolve_config(hint)
+    return SharedStageController(
+        config,
+        knobs=Knobs.from_env(),
+        record=shared.control_record(),
+        table=shared.request_table(),
+        pressure=_pressure_sampler(),
+    )
+
+
+def _config_of(args: tuple, kwargs: dict) -> Any:
+    config = kwargs.get("vllm_config")
+    if config is None and args:
+        config = args[0]
+    if config is None:
+        raise TypeError("scheduler factory needs vllm_config")
+    return config
+
+
+def ar_scheduler_class(vllm_config: Any) -> type:
+    """The HorizonServe class for an AR stage: shared (stage 0) or downstream, sync or async."""
+    is_async = bool(vllm_config.scheduler_config.async_scheduling)
+    stage_id = int(getattr(vllm_config.model_config, "stage_id", 0) or 0)
+    if stage_id == 0:
+        return HorizonOmniARAsyncScheduler if is_async else HorizonOmniARScheduler
+    return HorizonDownstreamARAsyncScheduler if is_async else HorizonDownstreamARScheduler
+
+
+def ar_scheduler(*args: Any, **kwargs: Any) -> Any:
+    """`scheduler_cls` of the AR stages of the re-registered pipelines (called like a class)."""
+    return ar_scheduler_class(_config_of(args, kwargs))(*args, **kwargs)
+
+
+def generation_scheduler(*args: Any, **kwargs: Any) -> Any:
+    """`scheduler_cls` of the generation stages (code2wav)."""
+    return HorizonGenerationScheduler(*args, **kwargs)
+
+
+AR_SCHEDULER_PATH = f"{__name__}.ar_scheduler"
+GENERATION_SCHEDULER_PATH = f"{__name__}.generation_scheduler"
+
+
+def queued_ids(queue: Iterable[Any]) -> list[str]:
+    """Request ids of a queue in its iteration order (tests, diagnostics)."""
+    return [r.request_id for r in queue]
