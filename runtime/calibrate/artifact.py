@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from horizonserve.runtime.config import SmLadder
 
 SCHEMA_VERSION = 1
-DEFAULT_ARTIFACT = "default-h200.json"
+DEFAULT_ARTIFACT = "h200-measured.json"  # measured by horizonserve calibrate on the H200
 # The shipped estimate built from the paper's figures: the calibration's template for every
 # field it does not measure (whatever DEFAULT_ARTIFACT points to).
 ESTIMATE_ARTIFACT = "default-h200.json"
