@@ -199,6 +199,7 @@ def main() -> int:
                 except Exception as exc:
                     print(f"backlog did not clear: {exc!r}; stopping here")
                     break
+    pipe = backend.pipeline  # set_policy restarts the stages when the sharing mode changes
     summary["stopped_stages"] = {n: i.get("stopped") for n, i in pipe.stage_info.items()}
     summary["total_s"] = time.monotonic() - t0
     save()

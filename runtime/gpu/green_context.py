@@ -19,8 +19,8 @@ Two ways to put kernels under a Green Context (`mode`):
 A level whose request is >= the device's SM count is "uncapped": by default no Green Context,
 kernels run on the stream that was current at construction; with `full_level="green"` it is a
 Green Context of every SM with a stream of its own, so the whole-device level runs exactly the
-code path of every other level (the serving stages use this: on the H200 the legacy default
-stream was the slow path, see bench/results/engine/). `partition="complement"` builds each
+code path of every other level (the serving stages use this; it also lets CUDA graphs be
+captured for the whole-GPU level). `partition="complement"` builds each
 level on the SMs *not* in the first `total - level` (a downstream process's complementary
 ladder, disjoint from the shared stage's SMs even across processes).
 

@@ -3,9 +3,11 @@
 `open_sm_cap` returns an object whose `activate(sms)` makes the next kernels of this process
 run on `sms` SMs (a pre-allocated Green Context of that ladder level, `SmLadderContexts`) or on
 the whole GPU (`sms=None`). The whole GPU is a level too: a Green Context of every SM with a
-stream of its own, so capped and uncapped steps (and every policy) run the same code path;
-kernels never go to the legacy default stream, which on the H200 made uncapped decode 3-4x
-slower than any capped level (bench/results/engine/h200-graphs-1/). Where the mechanism is
+stream of its own, so capped and uncapped steps (and every policy) run the same code path
+and decode graphs can be captured for it (capture is impossible on the legacy default stream).
+The smoke run's "uncapped is 3-4x slower" was not the stream: it was measured first, and the
+first steps of a process pay a per-new-shape set-up cost (bench/results/engine/h200-graphs-1/:
+88 ms, then 11.6 ms on the same legacy stream). Where the mechanism is
 missing — CPU runs, hardware, driver or torch without Green Contexts — it returns `NoSmCap`,
 and `runtime.gpu` has logged why.
 

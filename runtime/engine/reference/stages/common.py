@@ -46,8 +46,8 @@ def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
-        # Never the legacy default stream: it was the slow path on the H200 and cannot be
-        # captured into CUDA graphs. SM levels replace this stream with their own.
+        # Never the legacy default stream: CUDA graphs cannot be captured on it, and every
+        # level (the whole GPU too) runs on a stream of its own. SM levels replace this one.
         torch.cuda.set_stream(torch.cuda.Stream(device))
         return device, torch.bfloat16
     torch.set_num_threads(max(1, cfg.threads))
