@@ -10,7 +10,7 @@ bare `vllm` name (which a stray namespace folder would satisfy).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +36,84 @@ def make_scheduler(tiny_model_dir: Path) -> Callable[..., Any]:
         )
 
     return build
+
+
+# -- HorizonServe plugin fixtures ------------------------------------------------------------
+
+
+class FakeClock:
+    """A monotonic clock in ns that only moves when told (`advance(seconds)`)."""
+
+    def __init__(self, start_s: float = 1_000.0) -> None:
+        self.now_ns = int(start_s * 1e9)
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += int(seconds * 1e9)
+
+    @property
+    def now(self) -> float:
+        return self.now_ns * 1e-9
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def hs_config(**control: Any) -> Any:
+    """Qwen2.5-Omni's shipped classes, a fixed N:M = 2:2 rotation unless overridden."""
+    from horizonserve.runtime.config import ControlParams, ServingConfig, default_ladder
+    from horizonserve.runtime.config import load_pipeline as load
+
+    spec = load("qwen2_5_omni")
+    params = {"rotation_n_min": 2, "rotation_n_max": 2, "rotation_m": 2, "long_path_cap": 2}
+    params.update(control)
+    return ServingConfig(
+        model=spec.model,
+        pipeline=spec.name,
+        slo=spec.slo,
+        ladder=default_ladder(),
+        control=ControlParams(**params),
+    )
+
+
+@pytest.fixture
+def hs_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Switch the plugin on for this test with a private /dev/shm dir; returns `configure`.
+
+    `configure(policy="horizon", **control)` sets HORIZONSERVE_SERVING_CONFIG and returns the
+    ServingConfig; the shared-memory mappings of the process are reset around the test.
+    """
+    from horizonserve.runtime.engine.vllm_omni import api, settings, shared
+
+    require_vllm()
+    for name in (
+        settings.CONFIG_FILE_ENV,
+        settings.PIPELINE_ENV,
+        settings.RESOLVED_CONFIG_ENV,
+        settings.MARGIN_ENV,
+        settings.ARTIFACT_ENV,
+        "HORIZONSERVE_ARTIFACT_DIR",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HORIZONSERVE_SHM_DIR", str(tmp_path))
+    monkeypatch.setenv(settings.RUN_ENV, f"test-{tmp_path.name}")
+    monkeypatch.setenv(settings.ENABLE_ENV, "1")
+    monkeypatch.setenv("HORIZONSERVE_STATS_FILE", str(tmp_path / "node-stats.json"))
+    shared.reset_for_tests()
+    api.set_api_state(None)
+
+    def configure(policy: str = "horizon", **control: Any) -> Any:
+        from horizonserve.runtime.config import PolicyName
+
+        config = hs_config(**control).model_copy(update={"policy": PolicyName(policy)})
+        monkeypatch.setenv(settings.SERVING_CONFIG_ENV, config.model_dump_json())
+        return config
+
+    configure()
+    yield configure
+    shared.reset_for_tests()
+    api.set_api_state(None)

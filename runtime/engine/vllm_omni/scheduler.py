@@ -340,11 +340,27 @@ class SharedStageController:
         decision = self.begin_step(sched)
         token = self.hide(sched, decision.view)
         if token is None:
-            return base_schedule(throttle)
+            out = base_schedule(throttle)
+            self._dequeue_scheduled(sched, out)
+            return out
         try:
             return base_schedule(throttle)
         finally:
             self.restore(sched, token)
+
+    def _dequeue_scheduled(self, sched: Any, out: Any) -> None:
+        """Requests the base scheduler took from the real queues: O(admitted)."""
+        requests = sched.requests
+        for data in out.scheduled_new_reqs:
+            self._taken(requests.get(data.req_id))
+        resumed = getattr(out.scheduled_cached_reqs, "resumed_req_ids", None) or ()
+        for rid in resumed:
+            self._taken(requests.get(rid))
+
+    def _taken(self, request: Any) -> None:
+        sig = None if request is None else request.__dict__.get(SIG_ATTR)
+        if sig is not None and sig.waiting:
+            self._leave(request, sig)
 
 
 def _fill(queue: Any, requests: list) -> None:

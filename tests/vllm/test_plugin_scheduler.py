@@ -1,0 +1,295 @@
+"""HorizonServe plugged into the REAL vLLM-Omni AR scheduler (CPU), driven with real requests.
+
+The schedulers are built through `ar_scheduler`, the callable the re-registered pipelines
+name as `scheduler_cls` (what vLLM's EngineCore calls). Requests carry the stamp the API hook
+puts into `SamplingParams.extra_args`; a fake monotonic clock makes deadlines and protection
+deterministic. Rotation is fixed at N:M = 2:2 (steps 0, 1 short-path phases, 2, 3 long-path
+phases, ...) and the long-path cap is 2 unless a test says otherwise.
+
+Qwen2.5-Omni's shipped classes: priority 0 → `text-text` (short path), 10 → `text-speech`
+(long path, SLO 8.9 s, estimated remaining time ≈ 0.87 s, so protected once less than
+≈ 1.3 s of slack is left).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from factory import fake_model_output, run_step
+from horizon import ids, new_ids, resumed_ids, stamped
+
+pytestmark = pytest.mark.vllm
+
+TEXT, SPEECH = 0, 10
+
+
+@pytest.fixture
+def build(hs_env, make_scheduler, clock):
+    """`build(kind="omni_ar", policy="horizon", control=None, **SchedulerParams)`."""
+    from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
+
+    def build(
+        kind: str = "omni_ar",
+        policy: str = "horizon",
+        control: dict[str, Any] | None = None,
+        **params: Any,
+    ) -> tuple[Any, Any]:
+        config = hs_env(policy, **(control or {}))
+        sched = make_scheduler(kind, scheduler_cls=ar_scheduler, **params)
+        sched.horizon.clock_ns = clock
+        return sched, config
+
+    return build
+
+
+def add(sched: Any, config: Any, clock: Any, specs: list[tuple[str, int, float]], n: int = 8):
+    """Add requests (id, priority, age in seconds at arrival) in this queue order."""
+    for rid, prio, age in specs:
+        arrival = clock.now_ns - int(age * 1e9)
+        sched.add_request(stamped(config, rid, n, prio, arrival))
+
+
+def assert_index_in_sync(sched: Any) -> None:
+    hs = sched.horizon
+    queued = ids(sched.waiting) + ids(sched.skipped_waiting)
+    assert sorted(hs.waiting) == sorted(queued)
+    for request in list(sched.waiting) + list(sched.skipped_waiting):
+        assert request._hs_sig.waiting
+    assert hs.n_short_prefill + hs.n_long_prefill <= len(hs.waiting)
+
+
+def test_factory_builds_the_stage_classes(build, make_scheduler):
+    from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
+
+    from horizonserve.runtime.engine.vllm_omni import scheduler as hs
+
+    sync, _ = build("omni_ar")
+    assert type(sync) is hs.HorizonOmniARScheduler and isinstance(sync, OmniARScheduler)
+    asynchronous, _ = build("omni_ar_async")
+    assert type(asynchronous) is hs.HorizonOmniARAsyncScheduler
+    assert isinstance(asynchronous, OmniARAsyncScheduler)
+    talker = make_scheduler(
+        "omni_ar_async", scheduler_cls=hs.ar_scheduler, stage_id=1, model_stage="talker"
+    )
+    assert type(talker) is hs.HorizonDownstreamARAsyncScheduler
+    # The view hook sits between Omni's schedule() and vLLM's.
+    mro = type(asynchronous).__mro__
+    assert mro.index(OmniARScheduler) < mro.index(hs._ViewHook) < mro.index(hs.VLLMScheduler)
+
+
+@pytest.mark.parametrize("kind", ["omni_ar", "omni_ar_async"])
+def test_short_phase_hides_long_prefills_and_restores_them_exactly(build, clock, kind):
+    sched, config = build(kind, max_num_seqs=3)
+    add(sched, config, clock, [("L0", SPEECH, 0), ("S1", TEXT, 0), ("L2", SPEECH, 0),
+                                ("S3", TEXT, 0), ("L4", SPEECH, 0), ("S5", TEXT, 0),
+                                ("S6", TEXT, 0)])  # fmt: skip
+    out = sched.schedule()
+    assert sched.horizon.last_decision.view.phase.value == "short"
+    assert new_ids(out) == ["S1", "S3", "S5"]  # max_num_seqs 3: shorts only, in FCFS order
+    assert ids(sched.waiting) == ["L0", "L2", "L4", "S6"]  # original order, taken ones gone
+    assert sched.horizon.swaps == 1
+    assert_index_in_sync(sched)
+
+
+def test_long_phase_caps_long_prefills_earliest_deadline_first(build, clock):
+    sched, config = build(max_num_seqs=8)
+    # Ages 1, 3, 2, 4, 0.5 s: deadlines in order L3 < L1 < L2 < L0 < L4, none protected yet.
+    add(sched, config, clock, [("L0", SPEECH, 1), ("L1", SPEECH, 3), ("L2", SPEECH, 2),
+                                ("L3", SPEECH, 4), ("L4", SPEECH, 0.5)])  # fmt: skip
+    out, _ = run_step(sched)
+    assert sched.horizon.last_decision.view.phase.value == "long"  # no short work: yields
+    assert new_ids(out) == ["L1", "L3"]  # the cap (2), earliest deadlines, in queue order
+    assert ids(sched.waiting) == ["L0", "L2", "L4"]
+    out, _ = run_step(sched)
+    assert new_ids(out) == ["L0", "L2"]  # again at most 2 per step
+    assert ids(sched.waiting) == ["L4"]
+    assert_index_in_sync(sched)
+
+
+def test_protected_requests_bypass_rotation_until_their_deadline(build, clock):
+    sched, config = build(max_num_seqs=8)
+    add(sched, config, clock, [
+        ("S0", TEXT, 0),
+        ("L1", SPEECH, 8.0),   # 0.9 s of slack < u_guard · r̂ ≈ 1.3 s: protected
+        ("L2", SPEECH, 0),     # ordinary
+        ("L3", SPEECH, 10.0),  # past its deadline (8.9 s): late, ordinary again
+    ])  # fmt: skip
+    out, _ = run_step(sched)
+    assert sched.horizon.last_decision.view.phase.value == "short"
+    assert new_ids(out) == ["S0", "L1"]
+    assert ids(sched.waiting) == ["L2", "L3"]
+    l3 = sched.requests["L3"]._hs_sig
+    assert l3.late and not l3.protected
+    assert_index_in_sync(sched)
+
+
+def test_decode_continuations_stay_visible_in_every_phase(build, clock):
+    sched, config = build(max_num_seqs=8)
+    add(sched, config, clock, [("L0", SPEECH, 0)])
+    for _ in range(4):  # steps 0-3 (one rotation cycle): L0 prefills, then decodes
+        run_step(sched)
+    l0 = sched.requests["L0"]
+    assert l0.num_output_tokens == 4
+    sched.reset_prefix_cache(reset_running_requests=True)  # real preemption back to waiting
+    assert ids(sched.waiting) == ["L0"] and l0._hs_sig.prefilled
+    add(sched, config, clock, [("S1", TEXT, 0), ("L2", SPEECH, 0)])
+    out, _ = run_step(sched)  # step 4: a short-path phase again
+    assert sched.horizon.last_decision.view.phase.value == "short"
+    assert resumed_ids(out) == ["L0"]  # the continuation is not hidden
+    assert new_ids(out) == ["S1"]
+    assert ids(sched.waiting) == ["L2"]
+    assert_index_in_sync(sched)
+
+
+def test_preempted_inside_a_hidden_step_goes_back_in_front(build, clock):
+    # 5 blocks of 16 tokens: A and B (30-token prompts) hold 4; S2 (40 tokens) cannot get in.
+    # Decoding A past 32 tokens needs a block, so vLLM preempts B inside a step whose view
+    # hides S2 (a long-path phase) or L0/L1 (a short-path phase).
+    sched, config = build(max_num_seqs=4, num_blocks=5, max_num_batched_tokens=512)
+    add(sched, config, clock, [("A", TEXT, 0), ("B", TEXT, 0)], n=30)
+    run_step(sched)
+    add(sched, config, clock, [("S2", TEXT, 0)], n=40)
+    add(sched, config, clock, [("L0", SPEECH, 0), ("L1", SPEECH, 0)])
+    b = sched.requests["B"]
+    for _ in range(6):
+        swaps = sched.horizon.swaps
+        run_step(sched)
+        if b.num_preemptions:
+            break
+    assert b.num_preemptions == 1
+    assert sched.horizon.swaps == swaps + 1  # it happened under an active view
+    assert ids(sched.waiting) == ["B", "S2", "L0", "L1"]  # preempted first, rest in place
+    assert b._hs_sig.prefilled and b._hs_sig.waiting  # back as a continuation
+    assert_index_in_sync(sched)
+
+
+@pytest.mark.parametrize("kind", ["omni_ar", "omni_ar_async"])
+def test_vllm_priority_policy_queue(hs_env, make_scheduler, clock, kind):
+    from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
+
+    config = hs_env()
+    sched = make_scheduler(kind, scheduler_cls=ar_scheduler, max_num_seqs=2, policy="priority")
+    sched.horizon.clock_ns = clock
+    assert type(sched.waiting).__name__ == "PriorityRequestQueue"
+    add(sched, config, clock, [("L0", SPEECH, 0), ("S1", TEXT, 0), ("L2", SPEECH, 0),
+                                ("S3", TEXT, 0), ("S4", TEXT, 0)])  # fmt: skip
+    out = sched.schedule()
+    assert sorted(new_ids(out)) == ["S1", "S3"]
+    assert sorted(ids(sched.waiting)) == ["L0", "L2", "S4"]
+    assert_index_in_sync(sched)
+
+
+def test_fcfs_policy_is_vanilla(build, clock):
+    sched, config = build(max_num_seqs=3, policy="fcfs")
+    add(sched, config, clock, [("L0", SPEECH, 0), ("S1", TEXT, 0), ("L2", SPEECH, 0),
+                                ("S3", TEXT, 0)])  # fmt: skip
+    out, _ = run_step(sched)
+    assert new_ids(out) == ["L0", "S1", "L2"]
+    assert sched.horizon.swaps == 0
+    sm = sched.horizon.last_decision.sm
+    assert (sm.shared, sm.level) == (132, -2)  # uncapped
+
+
+def test_decision_follows_downstream_activity_through_the_control_record(build, clock):
+    from horizonserve.runtime.engine.vllm_omni import shared
+
+    sched, config = build()
+    record = shared.control_record()
+    talker = record.downstream_writer(0)
+    run_step(sched)
+    decision = record.read_decision()
+    assert (decision.shared_sms, decision.level_index) == (config.ladder.aggressive, -1)
+    talker.set_active(2, clock.now_ns)
+    run_step(sched)
+    decision = record.read_decision()
+    assert decision.level_index >= 0 and decision.shared_sms <= config.ladder.s_cap
+    assert decision.shared_sms + decision.downstream_sms == config.ladder.total
+    assert decision.steps == 2
+    clock.advance(5.0)  # the talker's heartbeat is now older than HORIZONSERVE_VLLM_MAX_AGE_S
+    run_step(sched)
+    assert record.read_decision().shared_sms == config.ladder.aggressive
+
+
+def test_requests_entering_behind_the_hooks_are_adopted(build, clock):
+    sched, config = build(max_num_seqs=8)
+    add(sched, config, clock, [("S0", TEXT, 0)])
+    sneaky = stamped(config, "L9", 8, SPEECH, clock.now_ns)
+    sched.requests["L9"] = sneaky
+    sched.waiting.add_request(sneaky)  # no _enqueue_waiting_request: the audit must find it
+    run_step(sched)
+    assert sched.horizon.audits == 1
+    assert "L9" in sched.horizon.waiting or "L9" in [r.request_id for r in sched.running]
+    assert_index_in_sync(sched)
+
+
+def test_aborted_waiting_requests_leave_the_policy(build, clock):
+    from vllm.v1.request import RequestStatus
+
+    sched, config = build(max_num_seqs=1)
+    add(sched, config, clock, [("S0", TEXT, 0), ("L1", SPEECH, 0), ("S2", TEXT, 0)])
+    run_step(sched)
+    sched.finish_requests(["L1"], RequestStatus.FINISHED_ABORTED)
+    assert "L1" not in sched.horizon.waiting
+    assert sched.horizon.n_long_prefill == 0
+    assert_index_in_sync(sched)
+    assert sched.horizon.audits == 0
+
+
+def _drive(sched: Any, config: Any, clock: Any, seed: int) -> list[tuple]:
+    """A random workload: arrivals, steps, aborts, preemptions; returns what each step did."""
+    from vllm.v1.request import RequestStatus
+
+    rng = random.Random(seed)
+    trace = []
+    next_id = 0
+    for _ in range(60):
+        for _ in range(rng.choice([0, 0, 1, 2, 4])):
+            prio = rng.choice([TEXT, TEXT, SPEECH])
+            age = rng.choice([0.0, 0.0, 0.5, 7.9, 8.2, 9.5])
+            rid = f"{'S' if prio == TEXT else 'L'}{next_id}"
+            next_id += 1
+            arrival = clock.now_ns - int(age * 1e9)
+            sched.add_request(
+                stamped(
+                    config, rid, rng.randint(4, 40), prio, arrival, max_tokens=rng.randint(1, 6)
+                )
+            )
+        roll = rng.random()
+        if roll < 0.05 and sched.running:
+            sched.reset_prefix_cache(reset_running_requests=True)
+        elif roll < 0.12 and sched.waiting:
+            victim = rng.choice(list(sched.waiting))
+            sched.finish_requests([victim.request_id], RequestStatus.FINISHED_ABORTED)
+        out = sched.schedule()
+        sched.update_from_output(out, fake_model_output(sched, out))
+        assert_index_in_sync(sched)
+        trace.append((new_ids(out), resumed_ids(out), ids(sched.waiting)))
+        clock.advance(0.01)
+    assert sched.horizon.audits == 0
+    assert sched.horizon.swaps > 10  # views were really applied
+    return trace
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_window_view_matches_hiding_from_the_whole_queue(hs_env, make_scheduler, seed, monkeypatch):
+    """The bounded view (free slots + margin) schedules exactly what hiding everything does."""
+    from conftest import FakeClock
+
+    from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
+
+    config = hs_env(long_path_cap=1)
+    traces = []
+    for margin in ("2", "all"):
+        monkeypatch.setenv("HORIZONSERVE_VLLM_WINDOW_MARGIN", margin)
+        clock = FakeClock()
+        sched = make_scheduler(
+            "omni_ar", scheduler_cls=ar_scheduler, max_num_seqs=4, num_blocks=40,
+            max_num_batched_tokens=96,
+        )  # fmt: skip
+        sched.horizon.clock_ns = clock
+        traces.append(_drive(sched, config, clock, seed))
+    assert traces[0] == traces[1]
+    assert sum(len(new) for new, _, _ in traces[0]) > 30  # the workload did schedule things
+    assert any(resumed for _, resumed, _ in traces[0])  # and preempted ones came back
