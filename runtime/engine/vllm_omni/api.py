@@ -104,6 +104,8 @@ class ApiState:
     ) -> Stamp:
         if not known_priority(self.slo, priority):
             priority = priority_for_modalities(modalities)
+            if not known_priority(self.slo, priority):  # e.g. images asked of a speech model
+                priority = self.slo.classes[0].priority
         arrival_ns = monotonic_from_wall(arrival)
         stamp = make_stamp(self.slo, rid, priority, arrival_ns)
         if self.table is not None:
