@@ -4,6 +4,8 @@ Measures, at several waiting-queue sizes, what the scheduler adds to each shared
   * annotation   — classify, stamp deadline, estimate r̂, enter the waiting index (per request)
   * view         — plan the step and walk the queue until the base scheduler's batch is full
                    (lazy view, batch of `--batch` prefills), averaged over whole rotation cycles
+  * view-worst   — the same walk on a queue ordered so that a long-path phase's few visible
+                   requests sit at its tail (the walk then covers the whole queue)
   * view-split   — the materialised alternative: split the whole queue into visible / hidden
   * sm-cap       — EWMA update + Eq. (1) selection with hysteresis (per step)
 Times are wall-clock medians over repeated rounds of `time.perf_counter_ns` loops (CPython, one
@@ -63,7 +65,12 @@ def _median_ns(
     return statistics.median(samples)
 
 
-def _filled_policy(n: int, seed: int):  # type: ignore[no-untyped-def]
+def _filled_policy(n: int, seed: int, *, worst: bool = False):  # type: ignore[no-untyped-def]
+    """A horizon policy and its FCFS waiting queue of n requests of the embedded classes.
+
+    worst: the queue is ordered so that a long-path phase's few visible requests (the
+    earliest-deadline long-path prefills) sit at its tail, so the walk reaches the end.
+    """
     rng = random.Random(seed)
     config = _config()
     names = [c.name for c in config.slo.classes]
@@ -74,7 +81,10 @@ def _filled_policy(n: int, seed: int):  # type: ignore[no-untyped-def]
         feats = InputFeatures(input_tokens=rng.randint(20, 2000))
         sig = policy.admit(f"r{i}", arrival, class_name=rng.choice(names), features=feats)
         queue.append(sig)
-    queue.sort(key=lambda s: s.arrival)  # FCFS queue order
+    if worst:
+        queue.sort(key=lambda s: (s.long_path, -s.deadline))
+    else:
+        queue.sort(key=lambda s: s.arrival)  # FCFS queue order
     return policy, queue
 
 
@@ -100,13 +110,19 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
     cycle = ControlParams().rotation_n_max + ControlParams().rotation_m
     clock = [0.0]
 
-    def view() -> int:
-        for _ in range(cycle):
-            clock[0] += 0.005
-            plan = policy.temporal.plan(clock[0])
-            for _ in islice(plan.iter_visible(queue, _ident), batch):
-                pass
-        return cycle
+    def walk(p, q) -> Callable[[], int]:  # type: ignore[no-untyped-def]
+        def run() -> int:
+            for _ in range(cycle):
+                clock[0] += 0.005
+                plan = p.temporal.plan(clock[0])
+                for _ in islice(plan.iter_visible(q, _ident), batch):
+                    pass
+            return cycle
+
+        return run
+
+    view = walk(policy, queue)
+    view_worst = walk(*_filled_policy(n, seed, worst=True))
 
     def view_split() -> int:
         clock[0] += 0.005
@@ -125,6 +141,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
     return {
         "annotation": _median_ns(annotate, rounds, new_policy) / 1e3,
         "view": _median_ns(view, rounds) / 1e3,
+        "view-worst": _median_ns(view_worst, rounds) / 1e3,
         "view-split": _median_ns(view_split, rounds) / 1e3,
         "sm-cap": _median_ns(sm_cap, rounds) / 1e3,
     }
@@ -143,7 +160,7 @@ def run_overhead(sizes: tuple[int, ...], *, batch: int, rounds: int) -> dict:
 
 
 def _table(result: dict) -> str:
-    cols = ("annotation", "view", "view-split", "sm-cap", "per-step-total")
+    cols = ("annotation", "view", "view-worst", "view-split", "sm-cap", "per-step-total")
     lines = [
         f"control-core overhead, µs (synthetic queue, batch {result['batch']}; "
         "annotation per request, the rest per step)",
@@ -153,7 +170,7 @@ def _table(result: dict) -> str:
         lines.append(f"{n:>8} " + " ".join(f"{row[c]:>14.2f}" for c in cols))
     paper = result["paper_table4_us"]
     lines.append(
-        f"{'paper':>8} {paper['annotation']:>14.2f} {paper['view']:>14.2f} {'':>14} "
+        f"{'paper':>8} {paper['annotation']:>14.2f} {paper['view']:>14.2f} {'':>14} {'':>14} "
         f"{paper['sm-cap']:>14.2f}"
     )
     return "\n".join(lines)
