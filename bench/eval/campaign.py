@@ -1,0 +1,805 @@
+"""The paper's evaluation (§6) on the reference engine: one runtime, only the policy differs.
+
+Three steps, each its own subcommand:
+
+    plan      (CPU, here)   the whole campaign as data: points (arrival rate, long-path share,
+                            seed, the exact request list), the systems to run at each point with
+                            a priority tier, the serving config (classes + SLO table = 5 × solo
+                            p95 from the calibration artifact, ladder, B_sat). Written once per
+                            campaign; every session runs from the same file.
+    run       (the GPU)     runs pending items in priority order inside a time budget, grouped
+                            by GPU-sharing mode so the stages restart as rarely as possible;
+                            appends raw records after every item (a timeout keeps what ran);
+                            `--done DIR` skips items a previous session already committed.
+    simulate  (CPU, here)   the simulator's prediction for the same points and systems (same
+                            requests, same SLO table, the same calibration artifact).
+
+    python bench/eval/campaign.py plan --out bench/results/h200-eval/RUN/plan.json
+    python bench/eval/campaign.py run --plan …/plan.json --out $OUT --budget-s 500 --done …/RUN
+    python bench/eval/campaign.py simulate --plan …/plan.json --out …/RUN/sim_prediction.json
+
+Systems (paper §6.1): Vanilla = fcfs time-sliced; EDF time-sliced; MPS = fcfs under MPS;
+EDF-MPS; HorizonServe = horizon under MPS + Green Context ladders; ablations
+horizon-no-rotation (MPS + ladders) and horizon-no-throttling (MPS, no caps).
+
+Attainment counts every request of a point: one still without its first response when its
+SLO ran out is a miss (the run waits until each request answered or passed its deadline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("campaign")
+
+# system -> (policy, MPS flag): the engine picks the GPU-sharing mode from these (gpu_control).
+SYSTEMS: dict[str, tuple[str, bool]] = {
+    "horizon": ("horizon", False),
+    "horizon-no-rotation": ("horizon-no-rotation", False),
+    "horizon-no-throttling": ("horizon-no-throttling", False),
+    "mps": ("fcfs", True),
+    "edf-mps": ("edf", True),
+    "fcfs": ("fcfs", False),
+    "edf": ("edf", False),
+}
+LABELS = {
+    "horizon": "HorizonServe",
+    "fcfs": "Vanilla (FCFS)",
+    "edf": "EDF",
+    "mps": "MPS",
+    "edf-mps": "EDF-MPS",
+    "horizon-no-rotation": "w/o path rotation",
+    "horizon-no-throttling": "w/o SM throttling",
+}
+MAIN = ("horizon", "fcfs", "edf", "mps", "edf-mps")
+ABLATIONS = ("horizon-no-rotation", "horizon-no-throttling")
+ALL = (*MAIN, *ABLATIONS)
+MODE_ORDER = ("mps-gc", "mps", "timeslice")  # a fixed order of the groups
+
+
+def mode_of(system: str) -> str:
+    """GPU-sharing mode the engine runs a system under on a CUDA device with MPS."""
+    from horizonserve.runtime.engine.reference.gpu_control import sharing_for
+
+    policy, mps = SYSTEMS[system]
+    return sharing_for(policy, mps=mps, cuda=True, mps_available=True)
+
+
+# -- plan -----------------------------------------------------------------------------------------
+def _point_id(rate: float, long_ratio: float | None) -> str:
+    r = f"r{rate:g}"
+    return r if long_ratio is None else f"{r}-l{round(long_ratio * 100)}"
+
+
+def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any, dict[str, Any]]:
+    """The pipeline's classes with SLO = multiplier × the artifact's solo p95, its ladder, B_sat."""
+    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.config import ControlParams, ServingConfig, SloTable, load_pipeline
+
+    art = load_artifact(artifact_path)
+    cal = art.pipeline(pipeline)
+    spec = load_pipeline(pipeline)
+    solo = dict(cal.solo_p95_s or {})
+    missing = [c.name for c in spec.slo.classes if c.name not in solo]
+    if missing:
+        raise SystemExit(f"artifact {artifact_path} has no solo p95 for {missing}")
+    classes = [c.model_copy(update={"solo_p95_s": solo[c.name]}) for c in spec.slo.classes]
+    slo = SloTable.model_validate({**spec.slo.model_dump(), "classes": classes, "multiplier": 5.0})
+    config = ServingConfig(
+        model=f"reference/{preset} ({spec.model}-shaped)",
+        pipeline=pipeline,
+        slo=slo,
+        ladder=cal.ladder,
+        control=ControlParams(b_sat=cal.b_sat),
+    )
+    data = Path(artifact_path).read_bytes()
+    meta = {
+        "path": artifact_path,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "source": art.source,
+        "created": art.created,
+        "gpu": art.gpu.model_dump() if hasattr(art.gpu, "model_dump") else art.gpu,
+        "key": art.key(pipeline) if hasattr(art, "key") else None,
+    }
+    return config, meta
+
+
+def tiers(
+    rates: list[float],
+    long_ratios: list[float],
+    stress_rate: float,
+    long_rate: float,
+    stress_long: float,
+) -> list[tuple[int, str, float, float | None, str, int]]:
+    """(tier, point id, rate, long share, system, rep) for the whole campaign, by priority.
+
+    Tier 1: the five main systems at the stressed rate (default mix). 2: the two ablations
+    there, HorizonServe and EDF-MPS (the simulator's best baseline there) at the
+    downstream-heavy point. 3: a repeat of HorizonServe at the stressed rate (spread), MPS at
+    the heavy point. 4: Vanilla/EDF at the heavy point, repeats of two baselines. 5: the rest
+    of the rate sweep (main systems). 6: the rest of the long-path sweep. 7: ablations elsewhere.
+    """
+    out: list[tuple[int, str, float, float | None, str, int]] = []
+    s_id = _point_id(stress_rate, None)
+    h_id = _point_id(long_rate, stress_long)
+
+    def add(tier: int, rate: float, lr: float | None, systems: tuple[str, ...], rep: int = 1):
+        pid = _point_id(rate, lr)
+        for s in systems:
+            out.append((tier, pid, rate, lr, s, rep))
+
+    add(1, stress_rate, None, MAIN)
+    add(2, stress_rate, None, ABLATIONS)
+    add(2, long_rate, stress_long, ("horizon", "edf-mps"))
+    add(3, stress_rate, None, ("horizon",), rep=2)
+    add(3, long_rate, stress_long, ("mps",))
+    add(4, long_rate, stress_long, ("fcfs", "edf"))
+    add(4, stress_rate, None, ("edf-mps", "fcfs"), rep=2)
+    add(4, long_rate, stress_long, ("horizon",), rep=2)
+    for r in rates:
+        if _point_id(r, None) != s_id:
+            add(5, r, None, MAIN)
+    for lr in long_ratios:
+        if _point_id(long_rate, lr) != h_id:
+            add(6, long_rate, lr, MAIN)
+    add(7, long_rate, stress_long, ABLATIONS)
+    for r in rates:
+        if _point_id(r, None) != s_id:
+            add(7, r, None, ABLATIONS)
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from horizonserve.runtime.bench.workload import generate, load_workload, mix_weights
+    from horizonserve.runtime.config import Path as PathKind
+    from horizonserve.runtime.engine.reference.backend import requests_from_trace
+
+    config, art_meta = serving_config(args.pipeline, args.artifact, args.preset)
+    workload = load_workload(args.pipeline)
+    long_classes = tuple(c.name for c in config.slo.classes if c.path is PathKind.LONG)
+    rows = tiers(args.rates, args.long_ratios, args.stress_rate, args.long_rate, args.stress_long)
+    points: dict[str, dict[str, Any]] = {}
+    items = []
+    for tier, pid, rate, lr, system, rep in rows:
+        if pid not in points:
+            mix = mix_weights(workload, long_classes, lr)
+            trace = generate(workload, mix, rate=rate, duration_s=args.duration, seed=args.seed)
+            reqs = requests_from_trace(trace, args.preset)
+            points[pid] = {
+                "id": pid,
+                "rate": rate,
+                "long_ratio": lr,
+                "seed": args.seed,
+                "duration_s": args.duration,
+                "mix": mix,
+                "requests": [
+                    {
+                        "at_s": round(r.at_s, 6),
+                        "rid": r.spec.rid,
+                        "class": r.spec.class_name,
+                        "input_tokens": r.spec.input_tokens,
+                        "audio_seconds": round(r.spec.audio_seconds, 4),
+                        "images": r.spec.images,
+                        "video_seconds": round(r.spec.video_seconds, 4),
+                        "output_tokens": r.spec.output_tokens,
+                        "downstream_tokens": (
+                            r.spec.downstream_tokens if r.spec.class_name in long_classes else None
+                        ),
+                    }
+                    for r in reqs
+                ],
+            }
+        items.append(
+            {"id": f"{pid}/{system}/rep{rep}", "tier": tier, "point": pid, "system": system,
+             "rep": rep, "policy": SYSTEMS[system][0], "mps": SYSTEMS[system][1],
+             "mode": mode_of(system)}
+        )  # fmt: skip
+    plan = {
+        "schema": 1,
+        "pipeline": args.pipeline,
+        "preset": args.preset,
+        "downstream": ["speech"] if args.pipeline != "bagel" else ["image"],
+        "artifact": art_meta,
+        "slo": {c.name: config.slo.target_s(c.name) for c in config.slo.classes},
+        "serving_config": json.loads(config.model_dump_json()),
+        "drain": {"slack_s": args.drain_slack, "idle_cap_s": args.idle_cap},
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "points": points,
+        "items": items,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(plan, separators=(",", ":")) + "\n")
+    n_req = {pid: len(p["requests"]) for pid, p in points.items()}
+    print(f"wrote {out}: {len(points)} points {n_req}, {len(items)} items")
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------------
+def done_items(dirs: list[str]) -> set[str]:
+    """Item ids finished in earlier sessions (any summary.json below the given folders)."""
+    done: set[str] = set()
+    for d in dirs:
+        for p in sorted(Path(d).rglob("summary.json")):
+            try:
+                s = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            for item_id, it in s.get("items", {}).items():
+                if it.get("status") == "ok":
+                    done.add(item_id)
+    return done
+
+
+@dataclass
+class Costs:
+    """Running estimates (s) of what an item and a stage restart take."""
+
+    drain: float = 5.0  # after the last arrival until every request answered or missed
+    idle: float = 8.0  # then until the pipeline is idle (capped by the plan's idle_cap_s)
+    restart: float = 25.0  # stop + start (+ warm-up)
+
+    def item(self, duration: float) -> float:
+        return duration + self.drain + self.idle + 2.0
+
+
+def pick_next(
+    pending: list[dict[str, Any]],
+    mode: str | None,
+    left: float,
+    costs: Costs,
+    durations: dict[str, float],
+) -> dict[str, Any] | None:
+    """The next item, greedy by tier: an item may run when, after it, every other pending item
+    of its tier or a lower one still fits the budget. Items of the running GPU-sharing mode go
+    first (no restart); a switch goes to the mode (fixed order) of the first lowest-tier item.
+    The lowest tier always runs while its own item fits."""
+    if not pending:
+        return None
+    tier = min(i["tier"] for i in pending)
+
+    def need(items: list[dict[str, Any]], at_mode: str | None) -> float:
+        modes = {i["mode"] for i in items}
+        restarts = len(modes - ({at_mode} if at_mode else set()))
+        return sum(costs.item(durations[i["point"]]) for i in items) + restarts * costs.restart
+
+    def fits(it: dict[str, Any], switch: bool) -> bool:
+        cost = costs.item(durations[it["point"]]) + (costs.restart if switch else 0.0)
+        if cost > left:
+            return False
+        if it["tier"] == tier:
+            return True
+        rest = [i for i in pending if i is not it and i["tier"] <= it["tier"]]
+        return left - cost >= need(rest, it["mode"])
+
+    for it in sorted((i for i in pending if i["mode"] == mode), key=lambda i: i["tier"]):
+        if fits(it, False):
+            return it
+    must = [i for i in pending if i["tier"] == tier]
+    first_mode = min((i["mode"] for i in must), key=MODE_ORDER.index)
+    it = next(i for i in must if i["mode"] == first_mode)
+    return it if fits(it, True) else None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (inf allowed)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def item_summary(
+    records: list[dict[str, Any]], steps: list[list[Any]], cols: list[str], span_s: float
+) -> dict[str, Any]:
+    """Attainment, per-class p50/p95 (unanswered = +inf), shared-stage TPOT, step statistics."""
+    out: dict[str, Any] = {"requests": len(records)}
+    met = [bool(r["slo_met"]) for r in records]
+    out["attainment"] = sum(met) / len(met) if met else None
+    answered = [r for r in records if r["first_response_s"] is not None]
+    out["answered"] = len(answered)
+    out["attainment_answered"] = (
+        sum(1 for r in answered if r["slo_met"]) / len(answered) if answered else None
+    )
+    for kind in ("short", "long"):
+        rs = [r for r in records if r["path"] == kind]
+        out[f"{kind}_attainment"] = sum(1 for r in rs if r["slo_met"]) / len(rs) if rs else None
+    out["goodput_rps"] = sum(met) / span_s if span_s > 0 else None
+    classes: dict[str, Any] = {}
+    for name in sorted({r["class"] for r in records}):
+        rs = [r for r in records if r["class"] == name]
+        lat = [math.inf if r["first_response_s"] is None else r["first_response_s"] for r in rs]
+        classes[name] = {
+            "requests": len(rs),
+            "path": rs[0]["path"],
+            "slo_s": rs[0]["slo_s"],
+            "attainment": sum(1 for r in rs if r["slo_met"]) / len(rs),
+            "p50_s": _finite(_pct(lat, 0.50)),
+            "p95_s": _finite(_pct(lat, 0.95)),
+            "p95_censored": (_pct(lat, 0.95) or 0) == math.inf,
+        }
+    out["classes"] = classes
+    tpot = [r["shared_tpot_s"] for r in records if r.get("shared_tpot_s")]
+    out["tpot_requests"] = len(tpot)
+    out["tpot_p50_ms"] = None if not tpot else _pct(tpot, 0.5) * 1e3
+    out["tpot_p95_ms"] = None if not tpot else _pct(tpot, 0.95) * 1e3
+    ix = {c: i for i, c in enumerate(cols)}
+    dec = [
+        s[ix["decode_s"]]
+        for s in steps
+        if s[ix["decode_batch"]] > 0 and s[ix["prefill_batch"]] == 0
+    ]
+    out["decode_steps"] = len(dec)
+    out["decode_step_p50_ms"] = None if not dec else _pct(dec, 0.5) * 1e3
+    out["decode_step_p95_ms"] = None if not dec else _pct(dec, 0.95) * 1e3
+    sms = [s[ix["shared_sms"]] for s in steps]
+    out["steps"] = len(steps)
+    out["shared_sms_mean"] = sum(sms) / len(sms) if sms else None
+    out["downstream_active_share"] = (
+        sum(1 for s in steps if s[ix["downstream_active"]] > 0) / len(steps) if steps else None
+    )
+    tokens = sum(r.get("shared_tokens") or 0 for r in records)
+    done = [r for r in records if r.get("done_s") is not None]
+    out["completed"] = len(done)
+    out["shared_tokens"] = tokens
+    return out
+
+
+class Campaign:
+    def __init__(self, args: argparse.Namespace, plan: dict[str, Any]) -> None:
+        self.args = args
+        self.plan = plan
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.t_start = time.monotonic()
+        self.backend: Any = None
+        self.mode: str | None = None
+        self.costs = Costs()
+        self.summary: dict[str, Any] = {
+            "plan_sha256": args.plan_sha256,
+            "command": " ".join(sys.argv),
+            "budget_s": args.budget_s,
+            "env": {},
+            "items": {},
+            "restarts": [],
+            "skipped": [],
+        }
+
+    # -- outputs --------------------------------------------------------------------------------
+    def save_summary(self) -> None:
+        self.summary["elapsed_s"] = time.monotonic() - self.t_start
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(self.summary, indent=1, default=str, allow_nan=False))
+        os.replace(tmp, self.out / "summary.json")
+
+    def append_gz(self, name: str, obj: Any) -> None:
+        """One gzip member per item: a killed run leaves whole members behind."""
+        blob = gzip.compress((json.dumps(obj, default=str) + "\n").encode())
+        with open(self.out / name, "ab") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t_start)
+
+    # -- pipeline -------------------------------------------------------------------------------
+    def _options(self, item: dict[str, Any]) -> Any:
+        from horizonserve.runtime.config import ServingConfig
+        from horizonserve.runtime.engine.reference.pipeline import PipelineOptions
+
+        config = ServingConfig.model_validate(self.plan["serving_config"])
+        return PipelineOptions(
+            preset=self.plan["preset"],
+            device=self.args.device,
+            policy=item["policy"],
+            config=config,
+            downstream=tuple(self.plan["downstream"]),
+            mps=item["mps"],
+            seed=self.args.seed,
+            threads=self.args.threads,
+        )
+
+    def start(self, item: dict[str, Any], reason: str) -> None:
+        from horizonserve.runtime.engine.reference.backend import ReferenceBackend
+
+        t0 = time.monotonic()
+        self.stop()
+        backend = ReferenceBackend(self._options(item))
+        backend.start()
+        self.backend = backend
+        self.mode = item["mode"]
+        pipe = backend.pipeline
+        warm = self.warmup() if self.args.warmup else None
+        took = time.monotonic() - t0
+        self.costs.restart = max(self.costs.restart * 0.5, took + 2.0)
+        row = {
+            "before": item["id"],
+            "reason": reason,
+            "mode_wanted": item["mode"],
+            "sharing": pipe.sharing,
+            "mps_active": pipe.mps_active,
+            "seconds": took,
+            "warmup": warm,
+            "stages": {n: {k: v for k, v in i.items() if k != "stopped"}
+                       for n, i in pipe.stage_info.items()},
+        }  # fmt: skip
+        self.summary["restarts"].append(row)
+        log.info("pipeline up (%s, MPS %s) in %.1f s", pipe.sharing, pipe.mps_active, took)
+        self.save_summary()
+
+    def stop(self) -> None:
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except Exception as exc:  # keep going: the next start makes fresh stages
+                log.warning("stop failed: %r", exc)
+            self.backend = None
+            self.mode = None
+
+    def warmup(self) -> dict[str, Any]:
+        """A few short requests of every class (first-use costs out of the measured runs)."""
+        from horizonserve.runtime.engine.reference.protocol import RequestSpec
+
+        pipe = self.backend.pipeline
+        t0 = time.monotonic()
+        handles = []
+        by_class: dict[str, dict[str, Any]] = {}
+        for p in self.plan["points"].values():
+            for r in p["requests"]:
+                by_class.setdefault(r["class"], r)
+        for k in range(2):
+            for name, r in by_class.items():
+                spec = RequestSpec(
+                    f"warm-{k}-{name}",
+                    class_name=name,
+                    input_tokens=r["input_tokens"],
+                    audio_seconds=r["audio_seconds"],
+                    images=r["images"],
+                    video_seconds=r["video_seconds"],
+                    output_tokens=min(16, r["output_tokens"]),
+                    downstream_tokens=None if r["downstream_tokens"] is None else 60,
+                )
+                handles.append(pipe.submit(spec))
+        ok = all(h.wait_done(max(0.0, 40.0 - (time.monotonic() - t0))) for h in handles)
+        errors = [h.record.error for h in handles if h.record.error]
+        return {"seconds": time.monotonic() - t0, "requests": len(handles), "ok": ok,
+                "errors": errors[:3]}  # fmt: skip
+
+    def ensure(self, item: dict[str, Any]) -> None:
+        if self.backend is None or self.mode != item["mode"]:
+            self.start(item, "mode" if self.backend is not None else "first")
+            return
+        try:
+            self.backend.pipeline.set_policy(item["policy"])
+        except Exception as exc:  # SharingMismatch or a stuck stage: restart
+            log.warning("set_policy(%s): %r; restarting", item["policy"], exc)
+            self.start(item, f"set_policy: {exc!r}")
+
+    # -- one item -------------------------------------------------------------------------------
+    def run_item(self, item: dict[str, Any]) -> None:
+        from horizonserve.runtime.engine.reference.protocol import RequestSpec
+
+        point = self.plan["points"][item["point"]]
+        self.ensure(item)
+        pipe = self.backend.pipeline
+        reqs = point["requests"]
+        t_item = time.monotonic()
+        t0 = time.monotonic() + 0.05
+        handles: list[tuple[dict[str, Any], Any]] = []
+        rejected = []
+        for r in reqs:
+            due = t0 + r["at_s"]
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            spec = RequestSpec(
+                f"{item['system']}-{item['rep']}-{r['rid']}",
+                class_name=r["class"],
+                input_tokens=r["input_tokens"],
+                audio_seconds=r["audio_seconds"],
+                images=r["images"],
+                video_seconds=r["video_seconds"],
+                output_tokens=r["output_tokens"],
+                downstream_tokens=r["downstream_tokens"],
+            )
+            try:
+                handles.append((r, pipe.submit(spec, arrival=due)))
+            except ValueError as exc:
+                rejected.append({"rid": r["rid"], "error": str(exc)})
+        t_last = time.monotonic()
+        # Drain: until every request answered or passed its SLO (then it is a miss anyway).
+        cap = t_last + max(self.plan["slo"].values()) + self.plan["drain"]["slack_s"]
+        while time.monotonic() < cap:
+            now = time.monotonic()
+            if all(h.first.is_set() or now > h.record.arrival + h.record.slo_s for _, h in handles):
+                break
+            time.sleep(0.05)
+        t_cut = time.monotonic()
+        # Idle: let the leftovers finish (their TPOT/completion is recorded) or restart.
+        idle_cap = min(self.plan["drain"]["idle_cap_s"], max(0.0, self.left() - 5))
+        idle = True
+        try:
+            pipe._wait_idle(idle_cap)
+        except Exception:
+            idle = False
+        t_idle = time.monotonic()
+        pipe.wait_trace(t_idle - 0.3, timeout=2.0)
+        records = []
+        for r, h in handles:
+            rec = h.record.as_dict()
+            rec.pop("info", None)
+            rec["arrival_offset_s"] = r["at_s"]
+            rec["answered_by_cut"] = h.record.first is not None and h.record.first <= t_cut
+            rec["slo_met"] = bool(rec["slo_met"])
+            rec.pop("arrival", None)
+            records.append(rec)
+        cols = list(_trace_columns())
+        steps = []
+        for row in pipe.trace_dicts():
+            if t0 <= row["t"] <= t_idle:
+                row["t"] = round(row["t"] - t0, 6)
+                steps.append([_clean(row[c]) for c in cols])
+        span = point["duration_s"]
+        s = item_summary(records, steps, cols, span)
+        health = pipe.health()
+        s.update(
+            {
+                "status": "ok" if health["ok"] else "stage-failed",
+                "tier": item["tier"],
+                "point": item["point"],
+                "system": item["system"],
+                "rep": item["rep"],
+                "policy": item["policy"],
+                "sharing": pipe.sharing,
+                "mps_active": pipe.mps_active,
+                "rejected": rejected,
+                "arrivals_s": t_last - t0,
+                "drain_s": t_cut - t_last,
+                "idle_wait_s": t_idle - t_cut,
+                "idle_reached": idle,
+                "unfinished_at_end": pipe.in_flight(),
+                "wall_s": t_idle - t_item,
+                "errors": health["errors"],
+            }
+        )
+        self.append_gz("records.jsonl.gz", {"item": item["id"], "records": records})
+        self.append_gz("steps.jsonl.gz", {"item": item["id"], "columns": cols, "rows": steps})
+        self.summary["items"][item["id"]] = s
+        self.costs.drain = max(self.costs.drain * 0.7, t_cut - t_last)
+        self.costs.idle = max(self.costs.idle * 0.7, t_idle - t_cut)
+        self.save_summary()
+        log.info(
+            "%s: attainment %.3f (short %s, long %s), %d req, drain %.1f s, idle wait %.1f s%s",
+            item["id"], s["attainment"] or 0.0, _f(s["short_attainment"]),
+            _f(s["long_attainment"]), len(records), t_cut - t_last, t_idle - t_cut,
+            "" if idle else " (not idle: restart)",
+        )  # fmt: skip
+        if not idle or not health["ok"]:
+            self.stop()  # the next item starts fresh stages: no backlog carried over
+
+    # -- loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        plan = self.plan
+        done = done_items(self.args.done or [])
+        only = set(self.args.only.split(",")) if self.args.only else None
+        max_tier = self.args.max_tier
+        pending = [
+            i for i in plan["items"]
+            if i["id"] not in done and i["tier"] <= max_tier
+            and (only is None or i["id"] in only or i["point"] in only)
+        ]  # fmt: skip
+        self.summary["done_before"] = sorted(done)
+        self.summary["env"] = env_info(self.args.device)
+        durations = {pid: p["duration_s"] for pid, p in plan["points"].items()}
+        log.info(
+            "%d items pending (%d done before), budget %.0f s",
+            len(pending),
+            len(done),
+            self.args.budget_s,
+        )
+        self.save_summary()
+        try:
+            while pending:
+                it = pick_next(pending, self.mode, self.left(), self.costs, durations)
+                if it is None:
+                    log.info("budget: %.0f s left, next item does not fit; stopping", self.left())
+                    break
+                pending.remove(it)
+                log.info(
+                    "[%.0f s left] item %s (tier %d, %s)",
+                    self.left(),
+                    it["id"],
+                    it["tier"],
+                    it["mode"],
+                )
+                try:
+                    self.run_item(it)
+                except Exception as exc:
+                    log.exception("item %s failed", it["id"])
+                    self.summary["items"][it["id"]] = {"status": "failed", "error": repr(exc)}
+                    self.save_summary()
+                    self.stop()
+        finally:
+            self.summary["not_run"] = [i["id"] for i in pending]
+            self.stop()
+            self.save_summary()
+        return 0
+
+
+def _f(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _trace_columns() -> tuple[str, ...]:
+    from horizonserve.runtime.engine.reference.protocol import TRACE_COLUMNS
+
+    return TRACE_COLUMNS
+
+
+def env_info(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available() and device != "cpu":
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    except ImportError:
+        info["torch"] = None
+    try:
+        q = "--query-gpu=name,driver_version,memory.total"
+        out = subprocess.run(["nvidia-smi", q, "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+        info["nvidia_smi"] = out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        info["nvidia_smi"] = None
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)  # fmt: skip
+        info["git"] = rev.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        info["git"] = None
+    return info
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    data = Path(args.plan).read_bytes()
+    args.plan_sha256 = hashlib.sha256(data).hexdigest()
+    plan = json.loads(data)
+    return Campaign(args, plan).run()
+
+
+# -- simulate -------------------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """The simulator on the plan's points: same requests (regenerated from the same workload and
+    seed, checked against the plan), the artifact's SLO table, each system."""
+    from horizonserve.runtime.bench.metrics import summarize
+    from horizonserve.runtime.bench.workload import generate, load_workload, mix_weights
+    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.sim.engine import simulate
+    from horizonserve.runtime.sim.setup import SimSetup
+
+    plan = json.loads(Path(args.plan).read_text())
+    art_path = args.artifact or plan["artifact"]["path"]
+    art = load_artifact(art_path)
+    pipeline = plan["pipeline"]
+    setup = SimSetup.load(pipeline, art)
+    cal = art.pipeline(pipeline)
+    setup = setup.with_solo_p95(dict(cal.solo_p95_s), f"artifact {art_path}", 5.0)
+    workload = load_workload(pipeline)
+    systems = args.systems.split(",") if args.systems else None
+    wanted = {(i["point"], i["system"]) for i in plan["items"]}
+    out: dict[str, Any] = {
+        "label": "SIMULATED",
+        "artifact": {"path": art_path,
+                     "sha256": hashlib.sha256(Path(art_path).read_bytes()).hexdigest()},
+        "slo": setup.targets(),
+        "seeds": args.seeds,
+        "points": {},
+    }  # fmt: skip
+    for pid, p in plan["points"].items():
+        mix = mix_weights(workload, setup.long_classes, p["long_ratio"])
+        res: dict[str, Any] = {}
+        for system in ALL:
+            if (pid, system) not in wanted or (systems and system not in systems):
+                continue
+            runs = []
+            for k in range(args.seeds):
+                seed = p["seed"] + k
+                trace = generate(workload, mix, rate=p["rate"], duration_s=p["duration_s"],
+                                 seed=seed)  # fmt: skip
+                if k == 0 and len(trace) != len(p["requests"]):
+                    raise SystemExit(
+                        f"{pid}: regenerated trace has {len(trace)} requests, "
+                        f"the plan {len(p['requests'])}: workload changed"
+                    )
+                r = simulate(setup, trace, system, seed=seed)
+                runs.append(summarize(r))
+            first = runs[0]
+            res[system] = {
+                "attainment": first["attainment"],
+                "short_attainment": first["short_attainment"],
+                "long_attainment": first["long_attainment"],
+                "tpot_p50_ms": first["tpot_p50_ms"],
+                "tpot_p95_ms": first["tpot_p95_ms"],
+                "classes": {n: {k: c[k] for k in ("attainment", "p50_s", "p95_s")}
+                            for n, c in first["classes"].items()},
+                "attainment_seeds": [x["attainment"] for x in runs],
+            }  # fmt: skip
+        out["points"][pid] = res
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="write the campaign plan (points, requests, items, SLOs)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--pipeline", default="qwen2_5_omni")
+    p.add_argument("--preset", default="full")
+    p.add_argument("--artifact", default="runtime/data/calibration/h200-measured.json")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per point")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--stress-rate", type=float, default=6.0, help="tier-1 rate, req/s")
+    p.add_argument("--rates", type=_floats, default=[2.0, 4.0, 6.0, 8.0])
+    p.add_argument("--long-rate", type=float, default=6.0, help="offered load of the long sweep")
+    p.add_argument("--long-ratios", type=_floats, default=[0.0, 0.3, 0.6])
+    p.add_argument("--stress-long", type=float, default=0.6)
+    p.add_argument("--drain-slack", type=float, default=1.0, help="s after the largest SLO")
+    p.add_argument("--idle-cap", type=float, default=12.0, help="s to wait for leftovers")
+    r = sub.add_parser("run", help="run pending items on the engine (the GPU)")
+    r.add_argument("--plan", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--budget-s", type=float, default=500.0, help="stop before this (s)")
+    r.add_argument("--done", action="append", help="folder(s) with earlier summary.json files")
+    r.add_argument("--only", help="comma-separated item or point ids")
+    r.add_argument("--max-tier", type=int, default=99)
+    r.add_argument("--device", default="auto")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--seed", type=int, default=0, help="model weights seed")
+    r.add_argument("--no-warmup", dest="warmup", action="store_false")
+    s = sub.add_parser("simulate", help="the simulator's prediction for the plan's points")
+    s.add_argument("--plan", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--artifact", help="default: the plan's")
+    s.add_argument("--systems")
+    s.add_argument("--seeds", type=int, default=3, help="trace seeds (the first is the plan's)")
+    args = ap.parse_args(argv)
+    return {"plan": cmd_plan, "run": cmd_run, "simulate": cmd_simulate}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
