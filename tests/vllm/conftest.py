@@ -64,17 +64,46 @@ def clock() -> FakeClock:
 
 
 def hs_config(**control: Any) -> Any:
-    """Qwen2.5-Omni's shipped classes, a fixed N:M = 2:2 rotation unless overridden."""
-    from horizonserve.runtime.config import ControlParams, ServingConfig, default_ladder
-    from horizonserve.runtime.config import load_pipeline as load
+    """Two classes with fixed numbers (independent of the shipped pipeline data), N:M = 2:2.
 
-    spec = load("qwen2_5_omni")
+    `text` (priority 0, short path): SLO 0.1 s. `speech` (priority 10, long path): SLO 9.0 s,
+    estimated remaining time r̂ ≈ 0.87 s for an 8-token prompt, so with u_guard 1.5 a waiting
+    speech request is protected once less than ≈ 1.31 s of slack is left.
+    """
+    from horizonserve.runtime.config import (
+        ControlParams,
+        RequestClass,
+        ServingConfig,
+        SloTable,
+        StageProfile,
+        default_ladder,
+    )
+
+    text = RequestClass(
+        name="text",
+        priority=0,
+        path="short",
+        metric="ttft",
+        solo_p95_s=0.02,
+        profile=StageProfile(prefill_base_s=0.005, prefill_s_per_token=3e-5, tpot_s=0.006,
+                             decode_tokens_to_first_response=0),
+    )  # fmt: skip
+    speech = RequestClass(
+        name="speech",
+        priority=10,
+        path="long",
+        metric="ttfo",
+        solo_p95_s=1.8,
+        profile=StageProfile(prefill_base_s=0.005, prefill_s_per_token=3e-5, tpot_s=0.006,
+                             decode_tokens_to_first_response=119,
+                             downstream_steps_to_first_response=51, downstream_step_s=0.003),
+    )  # fmt: skip
     params = {"rotation_n_min": 2, "rotation_n_max": 2, "rotation_m": 2, "long_path_cap": 2}
     params.update(control)
     return ServingConfig(
-        model=spec.model,
-        pipeline=spec.name,
-        slo=spec.slo,
+        model="Qwen/Qwen2.5-Omni-7B",
+        pipeline="qwen2_5_omni",
+        slo=SloTable(multiplier=5.0, classes=[text, speech]),
         ladder=default_ladder(),
         control=ControlParams(**params),
     )

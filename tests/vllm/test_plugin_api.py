@@ -192,8 +192,8 @@ def test_priority_from_the_api_reaches_thinker_talker_and_code2wav(api, make_sch
     stamps = [stamp_of_params(p) for p in call["sampling_params_list"]]
     assert all(s is not None and s == stamps[0] for s in stamps)  # every stage, one stamp
     stamp = stamps[0]
-    assert (stamp.rid, stamp.priority, stamp.class_name) == (rid, 10, "text-speech")
-    assert stamp.deadline_ns - stamp.arrival_ns == round(api.slo.target_s("text-speech") * 1e9)
+    assert (stamp.rid, stamp.priority, stamp.class_name) == (rid, 10, "speech")
+    assert stamp.deadline_ns - stamp.arrival_ns == round(api.slo.target_s("speech") * 1e9)
     assert engine.default_sampling_params_list[0].extra_args is None  # defaults untouched
     entry = shared.request_table().lookup(rid)
     assert entry is None  # generate finished: its table entry is gone again
@@ -211,7 +211,7 @@ def test_priority_from_the_api_reaches_thinker_talker_and_code2wav(api, make_sch
     request.external_req_id = rid
     thinker.add_request(request)
     sig = request._hs_sig
-    assert sig.cls.name == "text-speech" and sig.long_path
+    assert sig.cls.name == "speech" and sig.long_path
     assert sig.deadline == pytest.approx(stamp.deadline_s, abs=1e-6)
     assert sig.arrival == pytest.approx(stamp.arrival_s, abs=1e-6)
 
@@ -247,26 +247,26 @@ def test_first_response_is_recorded_per_class_and_reaches_the_stats_file(api):
     chat = StubChat(StubOmni(engine, _outputs("chatcmpl-1")))
     outs = asyncio.run(chat.create_chat_completion(_chat_request(priority=10)))
     assert [o.final_output_type for o in outs] == ["text", "audio"]
-    # text-speech is judged by its first audio chunk (TTFO), not by the first text token
+    # speech is judged by its first audio chunk (TTFO), not by the first text token
     ((rid, name, latency),) = api.first_responses
-    assert rid == engine.calls[0]["request_id"] and name == "text-speech"
+    assert rid == engine.calls[0]["request_id"] and name == "speech"
     assert 0 <= latency < 5
     api.write_stats_once()
     classes, _, _ = read_stats(api.stats_file)
     by_name = {c.name: c for c in classes}
-    assert by_name["text-speech"].requests == 1 and by_name["text-speech"].met == 1
-    assert by_name["text-text"].requests == 0
+    assert by_name["speech"].requests == 1 and by_name["speech"].met == 1
+    assert by_name["text"].requests == 0
 
 
 @pytest.mark.parametrize(
     ("fields", "headers", "modalities", "expected"),
     [
-        ({}, {}, ["text", "audio"], ("text-speech", 10)),  # default by output modality
-        ({}, {}, ["text"], ("text-text", 0)),
-        ({"priority": 0}, {}, ["text", "audio"], ("text-text", 0)),  # explicit body field
-        ({}, {"X-Vllm-Priority": "10"}, ["text"], ("text-speech", 10)),  # header
-        ({"priority": 5}, {}, ["text"], ("text-text", 0)),  # unknown code: by modality
-        ({}, {}, ["image"], ("text-text", 0)),  # no image class in this pipeline: first class
+        ({}, {}, ["text", "audio"], ("speech", 10)),  # default by output modality
+        ({}, {}, ["text"], ("text", 0)),
+        ({"priority": 0}, {}, ["text", "audio"], ("text", 0)),  # explicit body field
+        ({}, {"X-Vllm-Priority": "10"}, ["text"], ("speech", 10)),  # header
+        ({"priority": 5}, {}, ["text"], ("text", 0)),  # unknown code: by modality
+        ({}, {}, ["image"], ("text", 0)),  # no image class in this pipeline: first class
     ],
 )
 def test_class_from_priority_or_modality(api, fields, headers, modalities, expected):
@@ -306,8 +306,8 @@ def test_generate_priority_argument_and_engine_defaults(api):
 
     asyncio.run(run())
     first, second = (stamp_of_params(c["sampling_params_list"][2]) for c in engine.calls)
-    assert first.class_name == "text-speech"
-    assert second.class_name == "text-text"
+    assert first.class_name == "speech"
+    assert second.class_name == "text"
 
 
 def test_table_backs_stages_without_extra_args(hs_env, make_scheduler, clock):
@@ -326,7 +326,7 @@ def test_table_backs_stages_without_extra_args(hs_env, make_scheduler, clock):
     thinker.horizon.clock_ns = clock
     thinker.add_request(make_request("req-7", 8))  # no extra_args
     sig = thinker.requests["req-7"]._hs_sig
-    assert sig.cls.name == "text-speech"
+    assert sig.cls.name == "speech"
     assert sig.deadline == pytest.approx(stamp.deadline_s, abs=1e-6)
     talker = make_scheduler("omni_ar", scheduler_cls=ar_scheduler, stage_id=1)
     talker.add_request(make_request("req-7", 4))

@@ -6,8 +6,8 @@ puts into `SamplingParams.extra_args`; a fake monotonic clock makes deadlines an
 deterministic. Rotation is fixed at N:M = 2:2 (steps 0, 1 short-path phases, 2, 3 long-path
 phases, ...) and the long-path cap is 2 unless a test says otherwise.
 
-Qwen2.5-Omni's shipped classes: priority 0 → `text-text` (short path), 10 → `text-speech`
-(long path, SLO 8.9 s, estimated remaining time ≈ 0.87 s, so protected once less than
+Classes (conftest.hs_config, fixed numbers): priority 0 → `text` (short path), 10 → `speech`
+(long path, SLO 9.0 s, estimated remaining time ≈ 0.87 s, so protected once less than
 ≈ 1.3 s of slack is left).
 """
 
@@ -112,9 +112,9 @@ def test_protected_requests_bypass_rotation_until_their_deadline(build, clock):
     sched, config = build(max_num_seqs=8)
     add(sched, config, clock, [
         ("S0", TEXT, 0),
-        ("L1", SPEECH, 8.0),   # 0.9 s of slack < u_guard · r̂ ≈ 1.3 s: protected
+        ("L1", SPEECH, 8.0),   # 1.0 s of slack < u_guard · r̂ ≈ 1.3 s: protected
         ("L2", SPEECH, 0),     # ordinary
-        ("L3", SPEECH, 10.0),  # past its deadline (8.9 s): late, ordinary again
+        ("L3", SPEECH, 10.0),  # past its deadline (9 s): late, ordinary again
     ])  # fmt: skip
     out, _ = run_step(sched)
     assert sched.horizon.last_decision.view.phase.value == "short"

@@ -9,6 +9,10 @@ name `scheduler.ar_scheduler` and whose generation stages name `scheduler.genera
 
 A stage that already names a scheduler of its own is left alone (logged): HorizonServe does not
 stack on top of a model-specific scheduler.
+
+The pipeline's default deploy file (used when the command line gives no `--deploy-config`)
+becomes HorizonServe's single-GPU one where there is one (`settings.deploy_file`): vLLM-Omni
+resolves `default_deploy_config_name` as `<its deploy dir> / name`, so an absolute path works.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+from horizonserve.runtime.engine.vllm_omni.settings import deploy_file
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +33,9 @@ GENERATION_SCHEDULER = f"{_MODULE}.generation_scheduler"
 HORIZON_SCHEDULERS = frozenset({AR_SCHEDULER, GENERATION_SCHEDULER})
 
 
-def with_horizon_schedulers(pipeline: Any) -> Any:
-    """A copy of a `PipelineConfig` whose AR / generation stages use HorizonServe's schedulers."""
+def with_horizon_schedulers(pipeline: Any, deploy: Path | None = None) -> Any:
+    """A copy of a `PipelineConfig` whose AR / generation stages use HorizonServe's schedulers
+    (and whose default deploy file is `deploy`, when given)."""
     from vllm_omni.config.stage_config import StageExecutionType
 
     wanted = {
@@ -50,7 +58,10 @@ def with_horizon_schedulers(pipeline: Any) -> Any:
             stages.append(stage)
         else:
             stages.append(dataclasses.replace(stage, scheduler_cls=target))
-    return dataclasses.replace(pipeline, stages=tuple(stages))
+    changes: dict[str, Any] = {"stages": tuple(stages)}
+    if deploy is not None:
+        changes["default_deploy_config_name"] = str(deploy)
+    return dataclasses.replace(pipeline, **changes)
 
 
 def register_pipelines(registry: Any, keys: Iterable[str]) -> list[str]:
@@ -67,7 +78,7 @@ def register_pipelines(registry: Any, keys: Iterable[str]) -> list[str]:
         if not isinstance(entry, PipelineConfig):
             log.warning("HorizonServe: pipeline %r is a resolver function; left as it is", key)
             continue
-        patched = with_horizon_schedulers(entry)
+        patched = with_horizon_schedulers(entry, deploy_file(key))
         if patched != entry:
             pipelines[key] = patched  # what register_pipeline does, without its clobber warning
         done.append(key)

@@ -57,6 +57,7 @@ SM_CONTROL_ENV = "HORIZONSERVE_VLLM_SM_CONTROL"  # "0": no Green Contexts in the
 MPS_ENV = "HORIZONSERVE_VLLM_MPS"  # "1": start an MPS daemon for the stage processes
 STATS_INTERVAL_ENV = "HORIZONSERVE_VLLM_STATS_INTERVAL_S"
 PIPELINES_ENV = "HORIZONSERVE_VLLM_PIPELINES"  # registry keys to re-register (comma list)
+DEPLOY_DIR_ENV = "HORIZONSERVE_VLLM_DEPLOY_DIR"  # single-GPU deploy yamls; "none": keep Omni's
 
 # Registry keys of vLLM-Omni 0.30 pipelines served by the plugin, and the shipped HorizonServe
 # pipeline definition (classes, SLO profile) each one uses.
@@ -138,6 +139,21 @@ def target_pipelines(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     if not raw:
         return tuple(TARGET_PIPELINES)
     return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def deploy_file(key: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """HorizonServe's single-GPU deploy yaml for pipeline `key`, if there is one.
+
+    From `HORIZONSERVE_VLLM_DEPLOY_DIR` (the serving image sets it), else the `deploy/` folder
+    beside this module (a source checkout / editable install).
+    """
+    env = os.environ if env is None else env
+    raw = env.get(DEPLOY_DIR_ENV)
+    if raw is not None and raw.strip().lower() in ("", "none", "0"):
+        return None
+    folder = Path(raw) if raw else Path(__file__).resolve().parent / "deploy"
+    path = folder / f"{key}.yaml"
+    return path if path.is_file() else None
 
 
 # -- ServingConfig -------------------------------------------------------------------------------
