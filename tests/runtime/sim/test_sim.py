@@ -1,7 +1,18 @@
 """Simulator: data validity, determinism, speed, and the policy relations it must show.
 
-Short seeded runs on the default artifact (Qwen2.5-Omni); each relation is what the bench
-reports at full length, so a regression in any policy (or in the model) fails here.
+Short seeded runs of Qwen2.5-Omni; each relation is what the bench reports at full length, so a
+regression in any policy (or in the model) fails here. Two calibration artifacts, always named:
+
+* `h200-measured.json` (DEFAULT_ARTIFACT): measured on the H200 by `horizonserve calibrate`, what
+  users get. The shipped pipeline profiles and solo p95 defaults derive from it.
+* `default-h200.json` (the paper-derived ESTIMATE): a contention model anchored on the paper's
+  figures (full allocation under co-running costs the shared stage 1.6x, MPS keeps a quarter of
+  that). Relations that are properties of the policy under such a model are pinned to it.
+
+Relation thresholds hold on every tested seed (0, 1, 2); each comment gives the smallest value
+the statistic took over seeds 0–7 on that artifact (the margin), measured when the thresholds
+were set. Where the measured H200 model reverses a paper relation (MPS vs HorizonServe), the
+test asserts what does hold there and says so.
 """
 
 from __future__ import annotations
@@ -17,9 +28,9 @@ from horizonserve.runtime.bench.workload import (
     load_workload,
     mix_weights,
 )
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact, load_packaged
 from horizonserve.runtime.config import PIPELINES, load_pipeline
-from horizonserve.runtime.sim import LABEL, SimSetup, simulate
+from horizonserve.runtime.sim import LABEL, SimResult, SimSetup, simulate
 from horizonserve.runtime.sim.plan import attainment_at, plan_system
 from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.sim.solo import measure_solo_p95
@@ -27,15 +38,29 @@ from horizonserve.runtime.sim.systems import BASELINES
 from horizonserve.runtime.sim.trace import Trace
 
 PIPE = "qwen2_5_omni"
-STRESSED_RATE = 8.0  # req/s: the top of the default Qwen sweep
-LONG_SWEEP_RATE = 6.0
+MEASURED = "h200-measured.json"
+PAPER_ESTIMATE = "default-h200.json"  # the paper-derived estimate, pinned by name
+STRESSED_RATES = (6.0, 7.0, 8.0)  # req/s: the top half of the default Qwen sweep (2 … 8)
+LONG_SWEEP_RATE = 6.0  # req/s: the workload file's long-path sweep load
+SEEDS = (0, 1, 2)  # trace and simulator seed of each relation run
+NON_MPS_BASELINES = tuple(b for b in BASELINES if "mps" not in b)
+
+
+def _solo_setup(artifact: str) -> SimSetup:
+    s = SimSetup.load(PIPE, load_packaged(artifact))
+    p95 = measure_solo_p95(s, load_workload(PIPE), n=200, seed=0)
+    return s.with_solo_p95(p95, "test")
 
 
 @pytest.fixture(scope="module")
 def setup() -> SimSetup:
-    s = SimSetup.load(PIPE)
-    p95 = measure_solo_p95(s, load_workload(PIPE), n=200, seed=0)
-    return s.with_solo_p95(p95, "test")
+    """The default artifact (the measured H200 one), SLOs from simulated solo p95."""
+    return _solo_setup(DEFAULT_ARTIFACT)
+
+
+@pytest.fixture(scope="module")
+def estimate_setup() -> SimSetup:
+    return _solo_setup(PAPER_ESTIMATE)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +80,43 @@ def _trace(
     return generate(workload, mix, rate=rate, duration_s=dur, warmup_s=dur / 10, seed=seed)
 
 
+class Runs:
+    """Seeded runs of one artifact, memoised so that relations share their runs."""
+
+    def __init__(self, setup: SimSetup, workload: WorkloadSpec) -> None:
+        self.setup = setup
+        self.workload = workload
+        self._cache: dict[tuple[object, ...], SimResult] = {}
+
+    def run(
+        self,
+        system: str,
+        rate: float,
+        ratio: float | None = None,
+        dur: float = 120.0,
+        seed: int = 0,
+    ) -> SimResult:
+        key = (system, rate, ratio, dur, seed)
+        if key not in self._cache:
+            tr = _trace(self.setup, self.workload, rate, ratio, dur, seed)
+            self._cache[key] = simulate(self.setup, tr, system, seed=seed)
+        return self._cache[key]
+
+    def stressed(self, system: str, seed: int) -> float:
+        """Mean attainment over the stressed rates at the default class mix."""
+        return float(np.mean([self.run(system, r, seed=seed).attainment() for r in STRESSED_RATES]))
+
+
+@pytest.fixture(scope="module")
+def measured_runs(setup: SimSetup, workload: WorkloadSpec) -> Runs:
+    return Runs(setup, workload)
+
+
+@pytest.fixture(scope="module")
+def estimate_runs(estimate_setup: SimSetup, workload: WorkloadSpec) -> Runs:
+    return Runs(estimate_setup, workload)
+
+
 # -- data ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", PIPELINES)
 def test_data_files_validate_and_agree(name: str) -> None:
@@ -65,15 +127,27 @@ def test_data_files_validate_and_agree(name: str) -> None:
     classes = {c.name for c in spec.slo.classes}
     assert classes == {c.name for c in workload.classes}
     assert set(cal.solo_p95_s) == classes
+    # The shipped r̂ profiles are exactly what the default artifact derives, and say so.
     for rc in spec.slo.classes:
-        # The shipped r̂ profiles are exactly what the artifact derives.
         assert rc.profile == derive_profile(cal, workload, workload.get(rc.name), rc)
-        assert rc.solo_p95_s == pytest.approx(cal.solo_p95_s[rc.name])
+    assert f"runtime/data/calibration/{DEFAULT_ARTIFACT}" in spec.source
+    assert "measured on the GPU" in spec.source and "simulated" in spec.source
     assert len(spec.slo.classes) == {"qwen2_5_omni": 8, "mimo_audio": 4, "bagel": 4}[name]
 
 
-def test_artifact_is_keyed_and_sourced() -> None:
+def test_default_artifact_is_the_measured_h200() -> None:
     art = load_artifact()
+    assert DEFAULT_ARTIFACT == MEASURED
+    assert art.schema_version == 1
+    assert art.source.startswith("measured on NVIDIA H200")
+    assert "horizonserve calibrate" in art.source
+    assert art.key(PIPE) == "Qwen/Qwen2.5-Omni-7B|NVIDIA H200|580.159.04|132"
+    for p in art.pipelines.values():
+        assert p.solo_p95_source and p.solo_p95_source.startswith("measured")
+
+
+def test_paper_estimate_is_keyed_and_sourced() -> None:
+    art = load_packaged(PAPER_ESTIMATE)
     assert art.schema_version == 1
     assert "not an H200 calibration" in art.source
     assert art.key(PIPE) == "Qwen/Qwen2.5-Omni-7B|NVIDIA H200|unknown (not measured)|132"
@@ -85,10 +159,19 @@ def test_artifact_is_keyed_and_sourced() -> None:
 
 
 def test_solo_p95_defaults_are_reproducible(setup: SimSetup) -> None:
+    """The pipeline file's solo p95 defaults are the simulator's on the default artifact."""
     shipped = {c.name: c.solo_p95_s for c in load_pipeline(PIPE).slo.classes}
     measured = {c.name: c.solo_p95_s for c in setup.slo.classes}
     for name, v in shipped.items():
         assert measured[name] == pytest.approx(v, rel=1e-3, abs=1e-4), name
+
+
+def test_paper_estimate_solo_p95_is_the_simulators(estimate_setup: SimSetup) -> None:
+    """The estimate has no GPU measurement: its solo p95 are simulated on itself, and say so."""
+    cal = load_packaged(PAPER_ESTIMATE).pipeline(PIPE)
+    assert cal.solo_p95_source and cal.solo_p95_source.startswith("simulated")
+    for c in estimate_setup.slo.classes:
+        assert c.solo_p95_s == pytest.approx(cal.solo_p95_s[c.name], rel=1e-3, abs=1e-4), c.name
 
 
 # -- determinism and speed ------------------------------------------------------------------------
@@ -110,46 +193,86 @@ def test_at_least_100x_real_time(setup: SimSetup, workload) -> None:
 
 
 # -- relations -------------------------------------------------------------------------------------
-def test_fcfs_short_path_attainment_falls_as_long_path_share_rises(setup, workload) -> None:
-    short = {}
-    for ratio in (0.0, 0.3, 0.6):
-        r = simulate(setup, _trace(setup, workload, LONG_SWEEP_RATE, ratio, dur=90.0), "fcfs")
-        short[ratio] = r.attainment(r.short_mask())
-    assert short[0.3] < short[0.0] - 0.3, short
-    assert short[0.6] < short[0.0] - 0.3, short
+FCFS_FALL = 0.15  # short-path attainment points lost from 0 % to 30 % and to 60 % long-path
+# Fall over seeds 0–7 (30 % / 60 %): estimate ≥ 0.417 / 0.264, measured H200 ≥ 0.303 / 0.180;
+# on the tested seeds ≥ 0.343 (estimate) and ≥ 0.248 (measured).
 
 
-def test_horizon_beats_best_baseline_at_a_stressed_point(setup: SimSetup, workload) -> None:
-    tr = _trace(setup, workload, STRESSED_RATE)
-    att = {s: simulate(setup, tr, s).attainment() for s in ("horizon", *BASELINES)}
-    best = max(att[s] for s in BASELINES)
-    assert att["horizon"] > best + 0.05, att
-    assert att["horizon"] / best > 1.3, att
+@pytest.mark.parametrize("art", ["measured", "estimate"])
+def test_fcfs_short_path_attainment_falls_as_long_path_share_rises(request, art: str) -> None:
+    runs: Runs = request.getfixturevalue(f"{art}_runs")
+    for seed in SEEDS:
+        short = {}
+        for ratio in (0.0, 0.3, 0.6):
+            r = runs.run("fcfs", LONG_SWEEP_RATE, ratio, dur=90.0, seed=seed)
+            short[ratio] = r.attainment(r.short_mask())
+        assert short[0.3] < short[0.0] - FCFS_FALL, (seed, short)
+        assert short[0.6] < short[0.0] - FCFS_FALL, (seed, short)
 
 
-def test_removing_sm_throttling_loses(setup: SimSetup, workload) -> None:
-    for tr in (
-        _trace(setup, workload, STRESSED_RATE),
-        _trace(setup, workload, LONG_SWEEP_RATE, 0.6),
-    ):
-        full = simulate(setup, tr, "horizon").attainment()
-        ablated = simulate(setup, tr, "horizon-no-throttling").attainment()
-        assert ablated < full - 0.2, (full, ablated)
+def test_horizon_beats_every_baseline_under_the_paper_estimate(estimate_runs: Runs) -> None:
+    """Paper Fig. 8 under the paper-like contention model, MPS and EDF-MPS included.
+
+    Per seed, mean attainment over the stressed rates. Over seeds 0–7 HorizonServe led the best
+    baseline (MPS or EDF-MPS each time) by ≥ 0.083 (ratio ≥ 1.12); tested seeds ≥ 0.096 (1.17).
+    A single overloaded point (λ = 8, about 35 % attainment) is not robust: its lead over MPS
+    ranged 0.04–0.19 over seeds 0–4.
+    """
+    for seed in SEEDS:
+        att = {s: estimate_runs.stressed(s, seed) for s in ("horizon", *BASELINES)}
+        best = max(att[s] for s in BASELINES)
+        assert att["horizon"] > best + 0.05, (seed, att)
+        assert att["horizon"] / best > 1.08, (seed, att)
 
 
-def _burst_trace(setup: SimSetup, bursts: int = 10, size: int = 30, gap: float = 20.0) -> Trace:
+def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs: Runs) -> None:
+    """What holds on the measured H200 model: HorizonServe ≫ Vanilla (FCFS) and EDF.
+
+    Over seeds 0–7 the lead over the better of FCFS/EDF was ≥ 0.451 (mean attainment over the
+    stressed rates). MPS and EDF-MPS are NOT beaten there: they led HorizonServe by 0.05–0.17 on
+    every seed, because the measured MPS co-running penalty next to the speech stages is small
+    (shared stage ×1.14, vs ×1.11 at HorizonServe's S_cap 80 with the downstream squeezed onto
+    the other 52 SMs); see bench/results/sim/README.md.
+    """
+    for seed in SEEDS:
+        att = {s: measured_runs.stressed(s, seed) for s in ("horizon", *NON_MPS_BASELINES)}
+        best = max(att[s] for s in NON_MPS_BASELINES)
+        assert att["horizon"] > best + 0.35, (seed, att)
+
+
+# Per artifact: (loss at the stressed rates, loss at 60 % long-path and λ = 6). Smallest losses
+# over seeds 0–7: estimate 0.340 / 0.510, measured H200 0.209 / 0.158 (tested seeds: 0.340 /
+# 0.510 and 0.209 / 0.231). The ablation runs uncapped with time-sliced sharing (no MPS).
+THROTTLING_LOSS = {"estimate": 0.2, "measured": 0.1}
+
+
+@pytest.mark.parametrize("art", ["measured", "estimate"])
+def test_removing_sm_throttling_loses(request, art: str) -> None:
+    runs: Runs = request.getfixturevalue(f"{art}_runs")
+    floor = THROTTLING_LOSS[art]
+    for seed in SEEDS:
+        full, ablated = runs.stressed("horizon", seed), runs.stressed("horizon-no-throttling", seed)
+        assert ablated < full - floor, (seed, "stressed", full, ablated)
+        full = runs.run("horizon", LONG_SWEEP_RATE, 0.6, seed=seed).attainment()
+        ablated = runs.run("horizon-no-throttling", LONG_SWEEP_RATE, 0.6, seed=seed).attainment()
+        assert ablated < full - floor, (seed, "long 60 %", full, ablated)
+
+
+def _burst_trace(
+    setup: SimSetup, seed: int = 0, bursts: int = 10, size: int = 30, gap: float = 20.0
+) -> Trace:
     """Bursts of mixed requests, two thirds long-path, arriving within 20 ms of each other.
 
     The situation path rotation exists for (paper Fig. 6): under FCFS a long-path burst takes
     the shared stage's sequence slots ahead of the short requests that arrive among it.
     """
     wl = load_workload(PIPE)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     n = bursts * size
     names = setup.class_names
     kinds = np.where(rng.random(n) < 2 / 3, names.index("text-speech"), names.index("text-text"))
     arrival = np.sort(np.repeat(np.arange(bursts) * gap, size) + rng.uniform(0, 0.02, n))
-    base = generate(wl, {"text-text": 1.0}, rate=1.0, n_requests=n, seed=1)
+    base = generate(wl, {"text-text": 1.0}, rate=1.0, n_requests=n, seed=seed + 1)
     spoken = wl.get("text-speech").output_tokens.sample(rng, n)
     out = np.where(kinds == names.index("text-speech"), spoken, base.output_tokens)
     return replace(
@@ -163,13 +286,18 @@ def _burst_trace(setup: SimSetup, bursts: int = 10, size: int = 30, gap: float =
     )
 
 
-def test_removing_path_rotation_loses_under_long_path_bursts(setup: SimSetup) -> None:
-    tr = _burst_trace(setup)
-    full = simulate(setup, tr, "horizon")
-    ablated = simulate(setup, tr, "horizon-no-rotation")
-    short = full.short_mask()
-    assert full.attainment(short) > ablated.attainment(short) + 0.15
-    assert full.attainment() > ablated.attainment() + 0.05
+@pytest.mark.parametrize("art", ["measured", "estimate"])
+def test_removing_path_rotation_loses_under_long_path_bursts(request, art: str) -> None:
+    """Smallest gains over seeds 0–7 (short-path / all): estimate 0.165 / 0.067 (seed 0),
+    measured H200 0.215 / 0.087 — the thresholds are the ones set before the H200 artifact."""
+    setup: SimSetup = request.getfixturevalue("setup" if art == "measured" else "estimate_setup")
+    for seed in SEEDS:
+        tr = _burst_trace(setup, seed)
+        full = simulate(setup, tr, "horizon", seed=seed)
+        ablated = simulate(setup, tr, "horizon-no-rotation", seed=seed)
+        short = full.short_mask()
+        assert full.attainment(short) > ablated.attainment(short) + 0.15, seed
+        assert full.attainment() > ablated.attainment() + 0.05, seed
 
 
 def test_planner_brackets_the_sustainable_rate(setup: SimSetup, workload) -> None:
