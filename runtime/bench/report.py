@@ -43,6 +43,7 @@ def summary_table(raw: dict[str, Any]) -> str:
     lines = [
         f"HorizonServe bench — SIMULATED ({raw['pipeline']}, {raw['model']}); "
         f"SLO = {raw['slo']['multiplier']:g} x solo p95 (simulated)",
+        _artifact_line(raw),
         "SLO attainment % (all classes; short-path in parentheses)",
         head,
     ]
@@ -71,6 +72,23 @@ def summary_table(raw: dict[str, Any]) -> str:
         f"wall: {t.get('total_wall_s', 0):.1f} s (solo SLO runs {t.get('solo_wall_s', 0):.1f} s)"
     )
     return "\n".join(lines)
+
+
+def _artifact_line(raw: dict[str, Any]) -> str:
+    a = raw.get("artifact", {})
+    measured = a.get("measured", str(a.get("source", "")).startswith("measured"))
+    kind = (
+        "measured on the GPU by horizonserve calibrate"
+        if measured
+        else "ESTIMATE, not a GPU calibration"
+    )
+    return f"calibration artifact: {a.get('file', '?')} ({kind}; key {a.get('key', '?')})"
+
+
+def _sim_tag(raw: dict[str, Any]) -> str:
+    """ "SIMULATED (<artifact file name>)" for figure titles."""
+    name = Path(str(raw.get("artifact", {}).get("file", ""))).name
+    return f"SIMULATED ({name})" if name else "SIMULATED"
 
 
 def _detail_lines(raw: dict[str, Any], rate: float) -> list[str]:
@@ -104,11 +122,19 @@ def findings_lines(f: dict[str, Any]) -> list[str]:
             else f"long-path {c['long_ratio']:.0%} at λ={c['rate']:g}/s"
         )
         ratio = "n/a (best baseline 0 %)" if c["ratio"] is None else f"{c['ratio']:.2f}x"
-        out.append(
+        line = (
             f"{where}: HorizonServe {_pct(c['horizon']).strip()} % vs best baseline "
             f"{_label(c['best_baseline'])} {_pct(c['best_baseline_attainment']).strip()} % "
             f"-> {ratio}"
         )
+        if "best_non_mps_baseline" in c and c["best_non_mps_baseline"] != c["best_baseline"]:
+            nm = c["non_mps_ratio"]
+            line += (
+                f"; vs best without MPS {_label(c['best_non_mps_baseline'])} "
+                f"{_pct(c['best_non_mps_attainment']).strip()} % -> "
+                + ("n/a (0 %)" if nm is None else f"{nm:.2f}x")
+            )
+        out.append(line)
         for a in ("horizon-no-rotation", "horizon-no-throttling"):
             if f"{a}_loss" in c:
                 out.append(
@@ -176,7 +202,7 @@ def fig_attainment(raw: dict[str, Any], path: Path) -> None:
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"SIMULATED — {raw['pipeline']}: SLO attainment (cf. paper Fig. 8)")
+    fig.suptitle(f"{_sim_tag(raw)} — {raw['pipeline']}: SLO attainment (cf. paper Fig. 8)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -212,7 +238,8 @@ def fig_per_class(raw: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("p95 first-response latency (s)")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(
-        f"SIMULATED — per-class p95 first response at λ={top:g}/s (cf. paper Fig. 9; ∞: unbounded)"
+        f"{_sim_tag(raw)} — per-class p95 first response at λ={top:g}/s\n"
+        "(cf. paper Fig. 9; ∞: unbounded)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -244,7 +271,7 @@ def fig_ablation(raw: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("SLO attainment (%)")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=8)
-    ax.set_title("SIMULATED — ablation (cf. paper Fig. 11)")
+    ax.set_title(f"{_sim_tag(raw)} — ablation (cf. paper Fig. 11)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -267,7 +294,7 @@ def fig_trace(raw: dict[str, Any], path: Path) -> None:
     axes[2].set_xlabel("time (s)")
     p = r["point"]
     fig.suptitle(
-        f"SIMULATED — HorizonServe control trace, λ={p['rate']:g}/s, "
+        f"{_sim_tag(raw)} — HorizonServe control trace, λ={p['rate']:g}/s, "
         f"{(p['long_ratio'] or 0):.0%} long-path (cf. paper Fig. 10)"
     )
     fig.tight_layout()

@@ -80,7 +80,11 @@ def test_sweep_report_is_labelled_simulated(tmp_path: Path) -> None:
     f = data["findings"]
     assert f["stressed_rate"]["rate"] == 6.0 and f["max_long_ratio"]["long_ratio"] == 0.6
     assert f["speed"]["per_core_x_real_time"] > 0
-    assert "SIMULATED" in summary_table(raw)
+    assert f["stressed_rate"]["best_non_mps_baseline"] == "fcfs"  # the only one swept here
+    # The default artifact is the measured H200 one, and the report says which it used.
+    assert data["artifact"]["measured"] and data["artifact"]["file"].endswith("h200-measured.json")
+    text = summary_table(raw)
+    assert "SIMULATED" in text and "calibration artifact:" in text and "measured on the GPU" in text
 
 
 def test_bench_cli_writes_the_named_folder(tmp_path: Path, capsys) -> None:
