@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from itertools import chain, islice
+from operator import attrgetter
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue, create_request_queue
@@ -63,6 +64,7 @@ from horizonserve.runtime.temporal import Phase, StepView
 log = logging.getLogger(__name__)
 
 SIG_ATTR = "_hs_sig"  # RequestSignals stored on the vLLM Request (no lookup on the hot path)
+_SIG = attrgetter(SIG_ATTR)
 STAMP_ATTR = "_hs_stamp"  # Stamp stored on a downstream stage's Request
 _NAN = math.nan
 
@@ -146,7 +148,6 @@ class SharedStageController:
         self.swaps = 0
         self.last_decision: StepDecision | None = None
         self.last_visible: list[str] = []
-        self.last_hidden_count = 0
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
     def _enter(self, request: Any, sig: RequestSignals) -> None:
@@ -298,7 +299,6 @@ class SharedStageController:
     def hide(self, sched: Any, view: StepView) -> _Token | None:
         """Swap in queues holding only what the base scheduler may see; None: nothing to do."""
         w, s = sched.waiting, sched.skipped_waiting
-        self.last_hidden_count = 0
         if not w and not s:
             return None
         free = (
@@ -308,13 +308,11 @@ class SharedStageController:
         )
         if free <= 0 or not self._may_hide(view):
             return None
-        sig_of = self._sig_of
-        margin = self.knobs.window_margin
-        vis_s = list(view.iter_visible(s, sig_of)) if s else []
-        if margin is None or view.edf:
-            vis_w = list(view.iter_visible(w, sig_of))
-        else:
-            vis_w = list(islice(view.iter_visible(w, sig_of), free + margin))
+        try:
+            vis_w, vis_s = self._walk(view, w, s, free)
+        except AttributeError:  # a queued request without signals: adopt everything, again
+            self.audit(sched)
+            vis_w, vis_s = self._walk(view, w, s, free)
         vw = create_request_queue(sched.policy)
         vs = create_request_queue(sched.policy)
         _fill(vw, vis_w)
@@ -323,6 +321,21 @@ class SharedStageController:
         self.swaps += 1
         self.last_visible = [r.request_id for r in chain(vis_s, vis_w)]
         return _Token(w, s, vis_w, vis_s, vw, vs)
+
+    def _walk(self, view: StepView, w: Any, s: Any, free: int) -> tuple[list, list]:
+        """Visible requests of `skipped_waiting` (all) and `waiting` (at most free + margin).
+
+        The walk stops once the window is full, so it costs O(window + hidden requests before
+        the window's last one); with few visible requests (a long-path phase under the cap)
+        it walks the whole queue. `_SIG` is a C-level attribute read: no Python call per item.
+        """
+        margin = self.knobs.window_margin
+        vis_s = list(view.iter_visible(s, _SIG)) if s else []
+        if margin is None or view.edf:
+            vis_w = list(view.iter_visible(w, _SIG))
+        else:
+            vis_w = list(islice(view.iter_visible(w, _SIG), free + margin))
+        return vis_w, vis_s
 
     def restore(self, sched: Any, token: _Token) -> None:
         """Put the original queues back: taken requests out, re-queued ones in front."""
@@ -372,22 +385,33 @@ def _fill(queue: Any, requests: list) -> None:
 
 
 def _restore_queue(queue: Any, visible: list, now: list, now_set: set) -> None:
-    """`queue` held `visible` (among others); after the step the view held `now`."""
+    """`queue` held `visible` (among others); after the step the view held `now`.
+
+    FCFS: the queue is popped from the head up to the last request that left (all of them lie
+    in the prefix the view's walk covered), the others of that prefix are pushed back: O(that
+    prefix), identity-hashed set lookups. Never `deque.remove`: vLLM's Request defines `__lt__`,
+    so each element comparison would go through a Python-level rich-compare slot.
+    """
     shown = set(visible)
-    gone = [r for r in visible if r not in now_set]  # taken, or moved to the other queue
+    gone = {r for r in visible if r not in now_set}  # taken, or moved to the other queue
     added = [r for r in now if r not in shown]  # preempted / skipped into this queue
     if isinstance(queue, FCFSRequestQueue):
-        if gone:
-            if len(gone) <= 32:
-                for request in gone:
-                    queue.remove(request)
+        left = len(gone)
+        kept = []
+        pop = queue.popleft
+        while left:
+            request = pop()
+            if request in gone:
+                left -= 1
             else:
-                queue.remove_requests(gone)
+                kept.append(request)
+        if kept:
+            queue.extendleft(reversed(kept))
         if added:
             queue.extendleft(reversed(added))
     else:  # priority heap: order is the heap's own
         if gone:
-            queue.remove_requests(set(gone))
+            queue.remove_requests(gone)
         for request in added:
             queue.add_request(request)
 
