@@ -147,8 +147,16 @@ class RecordingControl:
     def before_forward(self) -> None:
         self.events.append("level")
 
-    def enter_capture(self) -> None:
-        self.events.append("capture-level")
+    def capture(self) -> Any:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def ctx() -> Any:
+            self.events.append("capture-level")
+            yield
+            self.events.append("capture-done")
+
+        return ctx()
 
 
 def test_worker_hook_enters_the_level_before_capture_and_each_forward(monkeypatch):
@@ -174,6 +182,7 @@ def test_worker_hook_enters_the_level_before_capture_and_each_forward(monkeypatc
         "init_device",
         "capture-level",
         "capture",
+        "capture-done",
         "level",
         "forward",
         "level",
@@ -246,3 +255,35 @@ def test_diffusion_activity_marks_the_slot_while_requests_run(record, clock, mon
     assert seen == [1, 1, 1]
     assert record.read_downstream(0).active == 0
     assert record.downstream_active_total(clock.now_ns, 2_000_000_000) == 0
+
+
+def test_capture_on_hands_the_level_stream_to_vllms_graph_capture(monkeypatch):
+    """vLLM's graph_capture() would make a fresh side stream current; the hook passes ours."""
+    import sys
+    import types
+
+    from vllm.distributed.parallel_state import GraphCaptureContext
+
+    from horizonserve.runtime.engine.vllm_omni.worker import GRAPH_CAPTURE_USERS, capture_on
+
+    seen = []
+
+    def graph_capture(device: Any, graph_capture_context: Any = None) -> str:
+        seen.append(graph_capture_context)
+        return "ctx"
+
+    fake = types.ModuleType(GRAPH_CAPTURE_USERS[0])
+    fake.graph_capture = graph_capture
+    monkeypatch.setitem(sys.modules, GRAPH_CAPTURE_USERS[0], fake)
+    stream = object()
+    with capture_on(stream):
+        assert fake.graph_capture("cuda:0") == "ctx"
+        explicit = GraphCaptureContext(object())
+        fake.graph_capture("cuda:0", explicit)
+    assert fake.graph_capture is graph_capture  # restored
+    assert isinstance(seen[0], GraphCaptureContext) and seen[0].stream is stream
+    assert seen[1] is explicit  # an explicit context is respected
+    # The real capture call sites still call graph_capture(device=...) by that name.
+    root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+    source = (root / "v1" / "worker" / "gpu_model_runner.py").read_text(encoding="utf-8")
+    assert "with self._freeze_gc(), graph_capture(device=self.device):" in source

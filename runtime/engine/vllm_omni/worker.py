@@ -12,11 +12,15 @@ makes its stream current through `torch.cuda.set_stream`, which vLLM patches to 
   disjoint from the shared stage's at every split); while the shared stage is idle (its
   decision older than `HORIZONSERVE_VLLM_MAX_AGE_S`) it takes the whole GPU.
 
-CUDA graphs keep the SM cap of the stream they were captured on, so before vLLM captures
-(`compile_or_warm_up_model`) the worker enters the capture level (`HORIZONSERVE_VLLM_CAPTURE_
-LEVEL`: `cap` = S_cap for the shared stage / its complement downstream, the default: decode
-graphs then run at the cap where decode is already near its best; `aggressive`; `full`). Eager
-steps (prefills, Qwen2.5-Omni and MiMo-Audio run eager) follow the ladder step by step.
+CUDA graphs: vLLM captures inside `graph_capture()`, which makes a fresh side stream of the
+primary context current, so entering a level is not enough. During `compile_or_warm_up_model`
+the worker enters the capture level (`HORIZONSERVE_VLLM_CAPTURE_LEVEL`: `cap` = S_cap for the
+shared stage / its complement downstream, the default; `aggressive`; `full`) and hands that
+level's Green Context stream to `graph_capture()` (`capture_on`), so the graphs are captured
+on it. Whether a replay then keeps the capture level's SMs or follows the stream it is
+launched on is a property of the driver (see README.md, "Not covered"); capturing at S_cap is
+right either way for decode, which is near its best there. Eager steps (prefills; Qwen2.5-Omni
+and MiMo-Audio run eager) follow the ladder step by step.
 
 Where there is no CUDA device, or Green Contexts are missing, nothing is capped and one line
 is logged. Green Contexts split SMs only between kernels that run at the same time: separate
@@ -31,9 +35,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from horizonserve.runtime.config import ServingConfig
@@ -126,8 +132,45 @@ class SmControl:
         return self.own.get(shared_sms, self.total)
 
     def enter_capture(self) -> None:
-        """Before CUDA-graph capture: graphs keep the SM cap of the stream they are captured on."""
+        """Before CUDA-graph capture: make the capture level's stream current."""
         self.activate_sms(self.capture_sms())
+
+    def capture(self) -> AbstractContextManager[Any]:
+        """Enter the capture level; the returned context makes vLLM capture on its stream."""
+        self.enter_capture()
+        if not self.available:
+            return nullcontext()
+        import torch
+
+        return capture_on(torch.cuda.current_stream())
+
+
+# Modules that call vLLM's `graph_capture()` (imported by name) around CUDA-graph capture.
+GRAPH_CAPTURE_USERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.cudagraph_utils")
+
+
+@contextmanager
+def capture_on(stream: Any) -> Iterator[None]:
+    """Make vLLM's `graph_capture()` capture on `stream` instead of a fresh side stream."""
+    from vllm.distributed.parallel_state import GraphCaptureContext
+
+    patched = []
+    for name in GRAPH_CAPTURE_USERS:
+        module = sys.modules.get(name)
+        orig = getattr(module, "graph_capture", None) if module is not None else None
+        if orig is None:
+            continue
+
+        def graph_capture(device: Any, graph_capture_context: Any = None, _orig: Any = orig) -> Any:
+            return _orig(device, graph_capture_context or GraphCaptureContext(stream))
+
+        module.graph_capture = graph_capture
+        patched.append((module, orig))
+    try:
+        yield
+    finally:
+        for module, orig in patched:
+            module.graph_capture = orig
 
 
 _no_cuda_logged = False
@@ -224,9 +267,10 @@ def install_worker(
         @functools.wraps(orig_capture)
         def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
             control = self.__dict__.get("_hs_sm")
-            if control is not None:
-                control.enter_capture()
-            return orig_capture(self, *args, **kwargs)
+            if control is None:
+                return orig_capture(self, *args, **kwargs)
+            with control.capture():
+                return orig_capture(self, *args, **kwargs)
 
         setattr(cls, capture_method, capture)
     return True
