@@ -34,12 +34,32 @@ class SimSetup:
         pipeline: str,
         artifact: CalibrationArtifact | None = None,
         control: ControlParams | None = None,
+        *,
+        derive_profiles: bool = True,
     ) -> SimSetup:
+        """The pipeline file's classes on `artifact` (default: the package's default artifact).
+
+        With `derive_profiles` the classes' r̂ profiles are derived from the artifact being
+        simulated (`sim.profiles.derive_profile`), as a calibration on that GPU would record
+        them; for the default artifact they equal the shipped ones (a test checks it). Without,
+        the pipeline file's profiles are used whatever the artifact.
+        """
         spec = load_pipeline(pipeline)
         art = artifact if artifact is not None else load_artifact()
         cal = art.pipeline(pipeline)
         ctl = control if control is not None else ControlParams(b_sat=cal.b_sat)
-        return cls(spec=spec, cal=cal, slo=spec.slo, control=ctl)
+        slo = spec.slo
+        if derive_profiles:
+            from horizonserve.runtime.bench.workload import load_workload
+            from horizonserve.runtime.sim.profiles import derive_profile
+
+            wl = load_workload(pipeline)
+            classes = [
+                c.model_copy(update={"profile": derive_profile(cal, wl, wl.get(c.name), c)})
+                for c in slo.classes
+            ]
+            slo = SloTable.model_validate({**slo.model_dump(), "classes": classes})
+        return cls(spec=spec, cal=cal, slo=slo, control=ctl)
 
     @property
     def class_names(self) -> tuple[str, ...]:
