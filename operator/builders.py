@@ -61,8 +61,10 @@ MANAGED_BY = "horizonserve-operator"
 SERVING_PORT = 8000
 METRICS_PORT = 9090
 SIDECAR_UID = 65532
-# Serving and calibration containers keep the image's user: the vLLM-Omni image runs as root
-# and the node's artifact hostPath is created root-owned; they get no privilege beyond that.
+SERVING_UID = 65532  # the serving image's user (runtime/engine/vllm_omni/Dockerfile)
+# Every container drops all capabilities and cannot escalate. The serving container and the
+# sidecar run as the image's non-root user; only the calibration init container runs as root,
+# because it writes the node's artifact hostPath, which the kubelet creates root-owned.
 CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -234,7 +236,7 @@ def serving_pod(
         "startupProbe": _http_probe("/health", "http", period=10, failures=180),
         "readinessProbe": _http_probe("/health", "http", period=10, failures=3),
         "livenessProbe": _http_probe("/health", "http", period=30, failures=4),
-        "securityContext": CONTAINER_SECURITY,
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": SERVING_UID},
     }
     sidecar = {
         "name": "sidecar",
@@ -264,11 +266,15 @@ def serving_pod(
             "name": "calibrate",
             "image": image,
             **pull,
-            "command": ["horizonserve", "calibrate"],
+            # --mode and --out-dir also come from the env; explicit here for `kubectl describe`.
+            "command": [
+                "horizonserve", "calibrate", "--pipeline", config.pipeline,
+                "--mode", spec.calibration.mode.value, "--out-dir", ARTIFACT_MOUNT,
+            ],
             "env": env,
             "resources": _gpu_resources(spec),
             "volumeMounts": mounts,
-            "securityContext": CONTAINER_SECURITY,
+            "securityContext": {**CONTAINER_SECURITY, "runAsUser": 0},
         })  # fmt: skip
     artifacts: dict[str, Any] = (
         {"hostPath": {"path": spec.calibration.host_path, "type": "DirectoryOrCreate"}}

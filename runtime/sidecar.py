@@ -27,6 +27,7 @@ from typing import Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from horizonserve.runtime import config as cfg
+from horizonserve.runtime.calibrate.store import GpuInfo, detect_gpu, find_artifact
 from horizonserve.runtime.node_stats import read_stats, stats_path
 
 log = logging.getLogger("horizonserve.sidecar")
@@ -57,53 +58,11 @@ class PodAnnotationPublisher:
 
 
 @dataclass
-class GpuInfo:
-    name: str
-    driver: str
-
-
-def detect_gpu() -> GpuInfo | None:
-    """The node's GPU through NVML, or None where there is none (or no NVML)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-    except Exception:  # ImportError, NVMLError: no usable GPU here
-        return None
-    return GpuInfo(name if isinstance(name, str) else name.decode(), str(driver))
-
-
-@dataclass
 class CalibrationState:
     artifact: Path | None = None
     artifact_id: str | None = None
     ladder: cfg.SmLadder | None = None
     error: str | None = None
-
-
-def find_artifact(directory: Path, pipeline: str, model: str, gpu: GpuInfo) -> Path | None:
-    """The newest artifact in `directory` for this pipeline's model on this GPU and driver."""
-    from horizonserve.runtime.calibrate.artifact import load_artifact
-
-    matches = []
-    for path in directory.glob("*.json"):
-        try:
-            art = load_artifact(path)
-            entry = art.pipelines.get(pipeline)
-        except (ValueError, OSError) as exc:
-            log.warning("ignoring unreadable artifact %s: %s", path, exc)
-            continue
-        if (
-            entry is not None
-            and entry.model == model
-            and art.gpu.name == gpu.name
-            and art.gpu.driver == gpu.driver
-        ):
-            matches.append(path)
-    return max(matches, key=lambda p: p.stat().st_mtime) if matches else None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -23,17 +24,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from horizonserve.runtime import config as cfg
+from horizonserve.runtime.calibrate.store import detect_gpu, find_artifact
+
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pipeline",
-        default="qwen2_5_omni",
-        help="pipeline(s) to calibrate, comma separated, or 'all' (default qwen2_5_omni)",
+        help="pipeline(s) to calibrate, comma separated, or 'all' (default: the pipeline of "
+        f"${cfg.SERVING_CONFIG_ENV}, else qwen2_5_omni)",
     )
     parser.add_argument(
-        "--out-dir", type=Path, default=Path("."), help="where the artifact and raw log go"
+        "--out-dir",
+        type=Path,
+        help=f"where the artifact and raw log go (default ${cfg.ARTIFACT_DIR_ENV}, else .)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in cfg.CalibrationMode],
+        help="auto: only when --out-dir has no artifact for this model, GPU and driver; "
+        f"force: always; skip: do nothing (default ${cfg.CALIBRATION_MODE_ENV}, else force)",
     )
     parser.add_argument(
         "--preset", choices=("full", "tiny"), default="full", help="reference model sizes"
@@ -69,13 +81,40 @@ def parse_pipelines(text: str) -> tuple[str, ...]:
     return names
 
 
+def _resolve_node_defaults(args: argparse.Namespace) -> cfg.CalibrationMode:
+    """Fill --pipeline / --out-dir / --mode from the environment the operator sets."""
+    serving_json = os.environ.get(cfg.SERVING_CONFIG_ENV)
+    serving = cfg.ServingConfig.model_validate_json(serving_json) if serving_json else None
+    if args.pipeline is None:
+        args.pipeline = serving.pipeline if serving else "qwen2_5_omni"
+    if args.out_dir is None:
+        args.out_dir = Path(os.environ.get(cfg.ARTIFACT_DIR_ENV, "."))
+    return cfg.CalibrationMode(args.mode or os.environ.get(cfg.CALIBRATION_MODE_ENV, "force"))
+
+
+def _existing_artifact(pipelines: tuple[str, ...], out_dir: Path) -> Path | None:
+    """An artifact in out_dir covering every pipeline on this GPU and driver, if any."""
+    gpu = detect_gpu()
+    if gpu is None or not out_dir.is_dir():
+        return None
+    found = [find_artifact(out_dir, p, cfg.load_pipeline(p).model, gpu) for p in pipelines]
+    return found[0] if found and all(found) else None
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from horizonserve.runtime.calibrate.build import build_artifact
     from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
 
+    mode = _resolve_node_defaults(args)
     pipelines = parse_pipelines(args.pipeline)
+    if mode is cfg.CalibrationMode.SKIP:
+        print("calibration skipped (mode skip)")
+        return 0
+    if mode is cfg.CalibrationMode.AUTO and (found := _existing_artifact(pipelines, args.out_dir)):
+        print(f"artifact present, not calibrating again (mode auto): {found}")
+        return 0
     levels = None
     if args.levels:
         levels = tuple(int(x) for x in args.levels.split(",") if x.strip())

@@ -145,7 +145,10 @@ def test_serving_pod_shape() -> None:
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["serviceAccountName"] == "qwen-omni-node"
     (init,) = spec["initContainers"]
-    assert init["command"] == ["horizonserve", "calibrate"]
+    assert init["command"] == [
+        "horizonserve", "calibrate", "--pipeline", "qwen2_5_omni",
+        "--mode", "auto", "--out-dir", builders.ARTIFACT_MOUNT,
+    ]  # fmt: skip
     assert init["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
@@ -212,4 +215,6 @@ def test_serving_pod_runs_without_extra_privilege() -> None:
         assert sc["privileged"] is False
     sidecar = next(c for c in containers if c["name"] == "sidecar")["securityContext"]
     assert sidecar["runAsNonRoot"] and sidecar["readOnlyRootFilesystem"]
+    serving = next(c for c in containers if c["name"] == "serving")["securityContext"]
+    assert serving["runAsNonRoot"] and serving["runAsUser"] == builders.SERVING_UID
     assert "nvidia.com/gpu" not in str(next(c for c in containers if c["name"] == "sidecar"))

@@ -71,3 +71,30 @@ def test_shipped_h200_artifact_is_measured() -> None:
         assert p.ladder.levels == sorted(p.ladder.levels)
         assert p.ladder.s_cap <= p.ladder.aggressive <= p.ladder.total == 132
         assert p.notes["ladder"].startswith("measured")
+
+
+def test_auto_mode_does_not_recalibrate_a_calibrated_node(
+    out_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from horizonserve.runtime.calibrate import cli
+    from horizonserve.runtime.calibrate.store import GpuInfo
+
+    art = load_artifact(next(out_dir.glob("*.json")))
+    monkeypatch.setattr(cli, "detect_gpu", lambda: GpuInfo(art.gpu.name, art.gpu.driver))
+    before = sorted(out_dir.iterdir())
+    argv = ["calibrate", "--pipeline", "qwen2_5_omni", "--mode", "auto", "--out-dir", str(out_dir)]
+    assert main(argv) == 0
+    assert "artifact present" in capsys.readouterr().out
+    assert sorted(out_dir.iterdir()) == before
+
+
+def test_node_defaults_come_from_the_operator_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from horizonserve.runtime import config as cfg
+
+    monkeypatch.setenv(cfg.CALIBRATION_MODE_ENV, "skip")
+    monkeypatch.setenv(cfg.ARTIFACT_DIR_ENV, str(tmp_path))
+    assert main(["calibrate"]) == 0
+    assert "calibration skipped" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
