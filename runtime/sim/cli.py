@@ -64,6 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, help="worker processes (default: all cores)")
 
 
+def artifact_info(path: str | None) -> dict[str, Any]:
+    """Which calibration artifact a run used, as the reports name it."""
+    from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact
+
+    art = load_artifact(path)
+    return {
+        "file": path or f"runtime/data/calibration/{DEFAULT_ARTIFACT}",
+        "measured": art.source.startswith("measured"),
+        "gpu": f"{art.gpu.name}|{art.gpu.driver}|{art.gpu.sm_count}",
+    }
+
+
+def artifact_line(info: dict[str, Any]) -> str:
+    kind = (
+        "measured on the GPU by horizonserve calibrate"
+        if info["measured"]
+        else "ESTIMATE, not a GPU calibration"
+    )
+    return f"calibration artifact: {info['file']} ({kind}; {info['gpu']})"
+
+
 def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, float]]:
     from horizonserve.runtime.bench.workload import load_workload, mix_weights
     from horizonserve.runtime.calibrate.artifact import load_artifact
@@ -116,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{s['goodput_rps']:.2f} req/s, TPOT p50/p95 {_ms(s['tpot_p50_ms'])}/"
         f"{_ms(s['tpot_p95_ms'])} ms"
     )
+    print(artifact_line(artifact_info(args.artifact)))
     print(f"{'class':<22}{'n':>6}{'attain':>9}{'p50 s':>9}{'p95 s':>9}{'SLO s':>9}")
     for name, c in s["classes"].items():
         print(
@@ -164,6 +186,8 @@ def _plan(args: argparse.Namespace) -> int:
         f"(SLO = {setup.slo.multiplier:g} x solo p95), {args.requests} requests, seed "
         f"{args.seed}, tolerance {args.tol:.0%}\nmix: {mix_txt}"
     )
+    info = artifact_info(args.artifact)
+    print(artifact_line(info))
     print(
         f"{'system':<24}{'sustains req/s':>15}{'attain':>8}{'fails at':>10}{'attain':>8}{'runs':>6}"
     )
@@ -180,6 +204,7 @@ def _plan(args: argparse.Namespace) -> int:
         {
             "label": "simulated",
             "pipeline": args.pipeline,
+            "artifact": info,
             "target": args.target,
             "mix": mix,
             "slo_targets_s": setup.targets(),
