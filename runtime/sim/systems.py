@@ -3,6 +3,11 @@
 MPS is not a scheduling policy but a way the stage processes share the GPU, so "MPS" is vanilla
 FCFS admission under MPS and "EDF-MPS" is EDF under MPS (paper §6.1). Every system drives the
 control core's own policy object; nothing here re-implements a scheduling rule.
+
+The sharing modes follow the reference engine (`engine.reference.gpu_control.sharing_for`):
+HorizonServe and the no-rotation ablation run their Green-Context partition on top of MPS;
+removing SM throttling removes the caps and keeps MPS, so "w/o SM throttling" is HorizonServe's
+temporal policy uncapped under MPS (not time-sliced, which would also remove MPS).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ SYSTEMS: dict[str, System] = {
         System("mps", "MPS", PolicyName.FCFS, mps=True),
         System("edf-mps", "EDF-MPS", PolicyName.EDF, mps=True),
         System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
-        System("horizon-no-throttling", "w/o SM throttling", PolicyName.NO_THROTTLING),
+        System("horizon-no-throttling", "w/o SM throttling", PolicyName.NO_THROTTLING, mps=True),
     )
 }
 BASELINES = ("fcfs", "edf", "mps", "edf-mps")

@@ -11,8 +11,8 @@ regression in any policy (or in the model) fails here. Two calibration artifacts
 
 Relation thresholds hold on every tested seed (0, 1, 2); each comment gives the smallest value
 the statistic took over seeds 0–7 on that artifact (the margin), measured when the thresholds
-were set. Where the measured H200 model reverses a paper relation (MPS vs HorizonServe), the
-test asserts what does hold there and says so.
+were set. Where the measured H200 model reverses a paper relation (HorizonServe vs MPS; SM
+throttling vs uncapped MPS), the test asserts what does hold there and says so.
 """
 
 from __future__ import annotations
@@ -247,22 +247,20 @@ def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs:
         assert att["horizon"] > best + 0.35, (seed, att)
 
 
-# Per artifact: (loss at the stressed rates, loss at 60 % long-path and λ = 6). Smallest losses
-# over seeds 0–7: estimate 0.339 / 0.517, measured H200 0.209 / 0.158 (tested seeds: 0.339 /
-# 0.517 and 0.209 / 0.231). The ablation runs uncapped with time-sliced sharing (no MPS).
-THROTTLING_LOSS = {"estimate": 0.2, "measured": 0.1}
+def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Runs) -> None:
+    """Paper Fig. 11 (throttling bar) under the paper-like contention model.
 
-
-@pytest.mark.parametrize("art", ["measured", "estimate"])
-def test_removing_sm_throttling_loses(request, art: str) -> None:
-    runs: Runs = request.getfixturevalue(f"{art}_runs")
-    floor = THROTTLING_LOSS[art]
+    The ablation is HorizonServe's temporal policy uncapped under MPS, as the reference engine
+    runs it (`sharing_for`). Per seed, mean attainment over the stressed rates: over seeds 0–7
+    the loss was 0.080–0.133 (tested seeds ≥ 0.080). Not asserted, because not robust:
+    * at 60 % long-path and λ = 6 the loss was 0.017–0.172 on seeds 0–6 and −0.002 on seed 7;
+    * on the measured H200 model the relation reverses: uncapped MPS beat the throttled policy
+      by 0.064–0.132 at the stressed rates on every seed 0–7 (see bench/results/sim/README.md).
+    """
     for seed in SEEDS:
-        full, ablated = runs.stressed("horizon", seed), runs.stressed("horizon-no-throttling", seed)
-        assert ablated < full - floor, (seed, "stressed", full, ablated)
-        full = runs.run("horizon", LONG_SWEEP_RATE, 0.6, seed=seed).attainment()
-        ablated = runs.run("horizon-no-throttling", LONG_SWEEP_RATE, 0.6, seed=seed).attainment()
-        assert ablated < full - floor, (seed, "long 60 %", full, ablated)
+        full = estimate_runs.stressed("horizon", seed)
+        ablated = estimate_runs.stressed("horizon-no-throttling", seed)
+        assert ablated < full - 0.04, (seed, full, ablated)
 
 
 def _burst_trace(
