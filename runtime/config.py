@@ -217,7 +217,7 @@ class ControlParams(_Model):
         0.93, gt=0, le=1, description="Saturation pressure: NVML memory activity fraction."
     )
     hysteresis_steps: int = Field(
-        1, ge=0, description="Ladder steps the target must move before the cap changes."
+        1, ge=0, description="Ladder steps the snapped target must differ by to change the cap."
     )
     protect_past_deadline: bool = Field(
         False,

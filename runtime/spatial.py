@@ -3,8 +3,9 @@
 Eq. (1): with no downstream stage active the shared stage gets S_aggr; while one is active it
 gets snap(S_min + ρ (S_cap − S_min)) with ρ = clamp(B̂ / B_sat, 0, 1) and B̂ the EWMA of the
 memory-activity signal. Invariants: never above S_cap while downstream is active; the cap moves
-off a ladder level only once the unsnapped target has reached the neighbouring level
-(`hysteresis_steps` ladder steps away); the downstream stage gets S_tot − s_shared.
+only when the snapped target is at least `hysteresis_steps` ladder steps from the current level
+(1, the default: any level change; the EWMA does the smoothing); the downstream stage gets
+S_tot − s_shared.
 
 Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
 the setting that protects short-path requests most while still bounding the shared stage.
@@ -88,21 +89,11 @@ class SpatialController:
         return 0.0 if r < 0.0 else 1.0 if r > 1.0 else r
 
     def _target_level(self, raw: float, prev: SmDecision | None) -> int:
-        levels = self._levels
+        target = snap(self._levels, raw)
         if prev is None or prev.level < 0:
-            return snap(levels, raw)  # entering co-running: go straight to the ladder
-        i = prev.level
-        h = self._hyst
-        if h == 0:
-            return snap(levels, raw)
-        # Dead band: stay on level i until the raw target reaches h levels away.
-        up = i + h
-        down = i - h
-        if up < len(levels) and raw >= levels[up]:
-            return snap(levels, raw)
-        if down >= 0 and raw <= levels[down]:
-            return snap(levels, raw)
-        return i
+            return target  # entering co-running: go straight to the ladder
+        # Hysteresis: move only when the snapped target is at least h ladder steps away.
+        return target if abs(target - prev.level) >= self._hyst else prev.level
 
     def select(self, downstream_active: bool) -> SmDecision:
         """The shared-stage SM cap for this step (Eq. 1 with hysteresis)."""

@@ -41,13 +41,14 @@ def test_cap_bounds_and_hysteresis(trace: list, hyst: int) -> None:
             assert LADDER.s_min <= d.shared <= LADDER.s_cap
             assert d.shared in LADDER.levels
             raw = LADDER.s_min + ctl.rho() * (LADDER.s_cap - LADDER.s_min)
-            if prev is not None and prev.level >= 0 and d.level != prev.level and hyst:
-                # Moved only because the raw target reached h levels away from the old one.
-                lv = LADDER.levels
-                up, down = prev.level + hyst, prev.level - hyst
-                assert (up < len(lv) and raw >= lv[up]) or (down >= 0 and raw <= lv[down])
-            if prev is None or prev.level < 0 or hyst == 0:
-                assert d.level == snap(LADDER.levels, raw)
+            target = snap(LADDER.levels, raw)
+            if prev is None or prev.level < 0:
+                assert d.level == target  # entering co-running goes straight to the target
+            elif d.level != prev.level:
+                # Moved only to the snapped target, and only when it is h or more steps away.
+                assert d.level == target and abs(target - prev.level) >= hyst
+            else:
+                assert abs(target - prev.level) < max(hyst, 1) or target == prev.level
         assert d.changed == (prev is None or prev.level != d.level)
         prev = d
 
@@ -64,17 +65,25 @@ def test_equation_one_examples() -> None:
     assert ctl.select(False).shared == 120  # downstream idle: aggressive
 
 
-def test_hysteresis_dead_band() -> None:
-    ctl = SpatialController(LADDER, ControlParams(b_sat=1.0, ewma_gamma=1.0))
+def test_hysteresis_in_ladder_steps() -> None:
+    ctl = SpatialController(LADDER, ControlParams(b_sat=1.0, ewma_gamma=1.0, hysteresis_steps=2))
     ctl.observe(0.5)  # raw = 32 + 0.5 * 48 = 56: equidistant from 48 and 64, ties go down
-    first = ctl.select(True)
-    assert first.shared == 48
-    ctl.observe(0.66)  # raw = 63.7: nearer 64 but has not reached 64 -> stays
     assert ctl.select(True).shared == 48
-    ctl.observe(0.67)  # raw = 64.2 >= 64 -> moves
-    assert ctl.select(True).shared == 64
-    ctl.observe(0.34)  # raw = 48.3 > 48 -> stays at 64
-    assert ctl.select(True).shared == 64
+    ctl.observe(0.7)  # raw 65.6 -> 64: one step away, below h = 2: stays
+    assert ctl.select(True).shared == 48
+    ctl.observe(1.0)  # raw 80 -> 80: two steps away: moves
+    assert ctl.select(True).shared == 80
+    ctl.observe(0.45)  # raw 53.6 -> 48: two steps down: moves
+    assert ctl.select(True).shared == 48
+
+
+def test_default_hysteresis_follows_the_snapped_target() -> None:
+    ctl = SpatialController(LADDER, ControlParams(b_sat=1.0, ewma_gamma=1.0))
+    caps = []
+    for b in (0.7, 0.9, 0.7, 0.2):  # raw 65.6, 75.2, 65.6, 41.6
+        ctl.observe(b)
+        caps.append(ctl.select(True).shared)
+    assert caps == [64, 80, 64, 48]
 
 
 def test_unknown_pressure_falls_back_to_s_cap() -> None:
