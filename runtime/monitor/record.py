@@ -37,7 +37,13 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from horizonserve.runtime.monitor.shm import Backoff, create_mapping, open_mapping, shm_path
+from horizonserve.runtime.monitor.shm import (
+    Backoff,
+    MappedFile,
+    create_mapping,
+    open_mapping,
+    shm_path,
+)
 
 MAGIC = 0x524D5A48  # b"HZMR" read as a little-endian u32
 VERSION = 1
@@ -105,17 +111,14 @@ def _stale(heartbeat_ns: int, now_ns: int, max_age_ns: int) -> bool:
     return heartbeat_ns == 0 or now_ns - heartbeat_ns > max_age_ns
 
 
-class ControlRecord:
+class ControlRecord(MappedFile):
     """A mapped control record. Create it once (`create`), attach elsewhere (`open`)."""
 
     def __init__(self, path: Path, fd: int, buf: mmap.mmap, n_slots: int) -> None:
-        self.path = path
+        self._attach(path, fd, buf)
         self.n_slots = n_slots
         self.read_retries = 0  # how often a reader saw a write in progress (diagnostics)
         self._slot_offsets = tuple(_SLOTS_OFFSET + i * GROUP_BYTES for i in range(n_slots))
-        self._fd = fd
-        self._buf = buf
-        self._words = memoryview(buf).cast("Q")  # u64 view: seq loads/stores are single words
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -157,25 +160,6 @@ class ControlRecord:
             os.close(fd)
             raise RecordFormatError(f"{p}: {problem}")
         return cls(p, fd, buf, n_slots)
-
-    def close(self) -> None:
-        """Unmap and close; writers made from this record stop working."""
-        if self._fd < 0:
-            return
-        self._words.release()
-        self._buf.close()
-        os.close(self._fd)
-        self._fd = -1
-
-    def unlink(self) -> None:
-        """Remove the file (processes that still map it keep their mapping)."""
-        self.path.unlink(missing_ok=True)
-
-    def __enter__(self) -> ControlRecord:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- writers ----------------------------------------------------------------------------
 

@@ -34,7 +34,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from horizonserve.runtime.monitor.shm import Backoff, create_mapping, open_mapping, shm_path
+from horizonserve.runtime.monitor.shm import (
+    Backoff,
+    MappedFile,
+    create_mapping,
+    open_mapping,
+    shm_path,
+)
 
 MAGIC = 0x545A5248  # b"HRZT" read as a little-endian u32
 VERSION = 1
@@ -71,7 +77,7 @@ def blake2b_key_hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
-class RequestTable:
+class RequestTable(MappedFile):
     """A mapped request table. Create it once (`create`), attach elsewhere (`open`)."""
 
     def __init__(
@@ -82,11 +88,8 @@ class RequestTable:
         capacity: int,
         key_hash: Callable[[bytes], int] = blake2b_key_hash,
     ) -> None:
-        self.path = path
+        self._attach(path, fd, buf)  # u64 words hold count and gen
         self.capacity = capacity
-        self._fd = fd
-        self._buf = buf
-        self._words = memoryview(buf).cast("Q")  # u64 view for count and gen
         self._hash = key_hash  # every process must use the same function
         self._thread_lock = threading.Lock()  # flock does not exclude threads sharing the fd
 
@@ -131,23 +134,6 @@ class RequestTable:
             os.close(fd)
             raise TableFormatError(f"{p}: {problem}")
         return cls(p, fd, buf, capacity, key_hash)
-
-    def close(self) -> None:
-        if self._fd < 0:
-            return
-        self._words.release()
-        self._buf.close()
-        os.close(self._fd)
-        self._fd = -1
-
-    def unlink(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-    def __enter__(self) -> RequestTable:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __len__(self) -> int:
         return self._words[_COUNT_WORD]

@@ -12,6 +12,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 #: Environment variable that overrides the directory for all shared-memory files.
 SHM_DIR_ENV = "HORIZONSERVE_SHM_DIR"
@@ -89,3 +90,40 @@ class Backoff:
             return False
         os.sched_yield()  # let a preempted writer on this CPU finish its update
         return True
+
+
+class MappedFile:
+    """Lifetime of one mapped shm file: close, unlink, use as a context manager.
+
+    Subclasses set `path`, `_fd`, `_buf` and `_words` (a u64 memoryview of `_buf`).
+    """
+
+    path: Path
+    _fd: int
+    _buf: mmap.mmap
+    _words: memoryview
+
+    def _attach(self, path: Path, fd: int, buf: mmap.mmap) -> None:
+        self.path = path
+        self._fd = fd
+        self._buf = buf
+        self._words = memoryview(buf).cast("Q")  # u64 view: seq loads/stores are single words
+
+    def close(self) -> None:
+        """Unmap and close; writers made from this mapping stop working."""
+        if self._fd < 0:
+            return
+        self._words.release()
+        self._buf.close()
+        os.close(self._fd)
+        self._fd = -1
+
+    def unlink(self) -> None:
+        """Remove the file (processes that still map it keep their mapping)."""
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
