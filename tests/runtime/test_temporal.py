@@ -59,9 +59,7 @@ def make_queue(control: ControlParams | None = None, **kw: bool) -> Queue:
 def oracle_visible(view: StepView, items: list[RequestSignals], now: float, cap: int) -> list:
     """Visibility from the definitions, recomputed from scratch."""
     # Protected from protect_at until the deadline; late requests compete as ordinary ones.
-    protected = {
-        id(s) for s in items if not s.prefilled and s.protect_at < now <= s.deadline
-    }
+    protected = {id(s) for s in items if not s.prefilled and s.protect_at < now <= s.deadline}
     ordinary_long = sorted(
         (s for s in items if s.long_path and not s.prefilled and id(s) not in protected),
         key=lambda s: (s.deadline, s.seq),
