@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from ..charts.chartlib import (
     load_yaml_file,
     one,
 )
-from ..k8s.cluster import KubeCluster, free_port
+from ..k8s.cluster import KubeCluster, free_port, wait_for
 from .helmlib import helm, set_args
 
 pytestmark = pytest.mark.k8s
@@ -58,17 +58,6 @@ SERVING_SELECTOR = "app.kubernetes.io/name=horizonserve,app.kubernetes.io/compon
 # What the operator creates (the chart's own Role/RoleBinding in namespaced mode is not).
 OPERATOR_CHILDREN = "app.kubernetes.io/managed-by=horizonserve-operator"
 EXAMPLE = "qwen2_5_omni"
-
-
-def wait_for(what: str, ok: Callable[[], Any], timeout: float = 60.0, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = ok()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def kubectl(

@@ -30,10 +30,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-kube.sh"
@@ -529,3 +531,17 @@ class KubeCluster:
         # JSON is valid YAML: every kubeconfig reader accepts it.
         self.kubeconfig.write_text(json.dumps(config, indent=2) + "\n")
         self.kubeconfig.chmod(0o600)
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2
+) -> T:
+    """Poll until `probe` returns something truthy; fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

@@ -11,32 +11,18 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from horizonserve.operator import crd
 from horizonserve.operator.builders import LABEL_COMPONENT, LABEL_OSVC
+from tests.k8s.cluster import wait_for
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 OSVC_PATH = "/apis/horizonserve.io/v1alpha1/namespaces/{ns}/omniservices"
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2
-) -> T:
-    """Poll until `probe` returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def install_crd(cluster: Any) -> None:
