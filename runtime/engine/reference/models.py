@@ -139,37 +139,23 @@ class GqaAttention(nn.Module):
         slots: torch.Tensor,
         positions: torch.Tensor,
         read_len: int,
+        *,
+        rows: bool,
     ) -> torch.Tensor:
         """x `[B, 1, h]`; mask `[B, 1, 1, read_len]` (key position ≤ the request's position).
 
+        rows: request i is KV slot i (slots = arange(B)), so keys/values are cache views and
+        nothing is gathered (CUDA-graph friendly); otherwise the given slots are gathered.
         The q heads sharing one kv head are laid out as that head's query rows, so attention
         runs on the cached keys/values without repeating them.
         """
         b = x.shape[0]
         q, k, v = self._qkv(x, cos, sin)
         cache.write_decode(layer, slots, positions, k[:, 0], v[:, 0])
-        keys, values = cache.read(layer, slots, read_len)
-        q = q.view(b, self.kv_heads, self.groups, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return self.o_proj(out.reshape(b, 1, -1))
-
-    def decode_rows(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        cache: KvCache,
-        layer: int,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        read_len: int,
-    ) -> torch.Tensor:
-        """`decode` with row i = KV slot i (rows 0..B-1): keys/values are cache views."""
-        b = x.shape[0]
-        q, k, v = self._qkv(x, cos, sin)
-        cache.write_decode(layer, rows, positions, k[:, 0], v[:, 0])
-        keys, values = cache.rows(layer, b, read_len)
+        if rows:
+            keys, values = cache.rows(layer, b, read_len)
+        else:
+            keys, values = cache.read(layer, slots, read_len)
         q = q.view(b, self.kv_heads, self.groups, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.o_proj(out.reshape(b, 1, -1))
@@ -264,20 +250,11 @@ class DecoderLM(nn.Module):
         cache: KvCache,
         read_len: int,
     ) -> torch.Tensor:
-        """One token per request at `positions` (`[B]`); returns hidden `[B, h]`.
-
-        inputs: token ids `[B]` or embeddings `[B, h]`; read_len = max(positions) + 1.
-        """
-        x = self.embed(inputs) if inputs.dtype == torch.long else inputs
-        x = x.unsqueeze(1)
-        cos, sin = rotary(positions.unsqueeze(1), self.inv_freq, x.dtype)
-        keys = torch.arange(read_len, device=x.device)
-        mask = (keys.view(1, -1) <= positions.view(-1, 1)).view(-1, 1, 1, read_len)
-        for i, layer in enumerate(self.layers):
-            h = layer.input_norm(x)
-            x = x + layer.attn.decode(h, cos, sin, mask, cache, i, slots, positions, read_len)
-            x = x + layer.mlp(layer.post_attn_norm(x))
-        return self.final_norm(x)[:, 0]
+        """One token per request at `positions` (`[B]`) in the given KV slots (gathered);
+        returns hidden `[B, h]`. inputs: token ids `[B]` or embeddings `[B, h]`;
+        read_len = max(positions) + 1."""
+        keys = torch.arange(read_len, device=positions.device)
+        return self._decode(inputs, positions, slots, keys, cache, rows=False)
 
     def decode_rows(
         self,
@@ -293,6 +270,18 @@ class DecoderLM(nn.Module):
         keys = arange(read_len). Every shape is fixed by (B, read_len) and nothing syncs with
         the host, so the step can be captured as a CUDA graph and replayed.
         """
+        return self._decode(inputs, positions, rows, keys, cache, rows=True)
+
+    def _decode(
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        cache: KvCache,
+        *,
+        rows: bool,
+    ) -> torch.Tensor:
         x = self.embed(inputs) if inputs.dtype == torch.long else inputs
         x = x.unsqueeze(1)
         read_len = keys.shape[0]
@@ -300,7 +289,10 @@ class DecoderLM(nn.Module):
         mask = (keys.view(1, -1) <= positions.view(-1, 1)).view(-1, 1, 1, read_len)
         for i, layer in enumerate(self.layers):
             h = layer.input_norm(x)
-            x = x + layer.attn.decode_rows(h, cos, sin, mask, cache, i, rows, positions, read_len)
+            attn = layer.attn.decode(
+                h, cos, sin, mask, cache, i, slots, positions, read_len, rows=rows
+            )
+            x = x + attn
             x = x + layer.mlp(layer.post_attn_norm(x))
         return self.final_norm(x)[:, 0]
 
