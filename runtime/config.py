@@ -219,6 +219,13 @@ class ControlParams(_Model):
     hysteresis_steps: int = Field(
         1, ge=0, description="Ladder steps the snapped target must differ by to change the cap."
     )
+    urgent_prefill_boost: bool = Field(
+        True,
+        description="Run the prefill of an iteration that admits a short-path or protected "
+        "prompt on S_aggr SMs instead of the cap; its decode keeps the cap. Prefill is "
+        "compute-bound, so the cap stretches tight TTFT targets without saving the memory "
+        "bandwidth it is there to leave to downstream stages.",
+    )
     protect_past_deadline: bool = Field(
         False,
         description="Keep protecting a waiting request after its deadline passed. Off: once "

@@ -17,6 +17,7 @@ MPS / EDF-MPS are a GPU-sharing mode of the engine, combined with fcfs / edf.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
@@ -89,6 +90,18 @@ class SchedulingPolicy:
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
         return StepDecision(view, self.spatial.select(downstream_active), pressure)
+
+    @staticmethod
+    def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:
+        """SMs for the prefill of the prompts a step admitted (after `step`, once the batch is
+        formed): `sm.prefill` when one of them is urgent — short-path (its prefill produces the
+        first response) or protected by now — else the step's cap `sm.shared`."""
+        if sm.prefill == sm.shared:
+            return sm.shared
+        for sig in prompts:
+            if not sig.long_path or now > sig.protect_at:
+                return sm.prefill
+        return sm.shared
 
 
 def make_policy(name: PolicyName | str, config: ServingConfig) -> SchedulingPolicy:

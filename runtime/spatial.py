@@ -7,6 +7,11 @@ only when the snapped target is at least `hysteresis_steps` ladder steps from th
 (1, the default: any level change; the EWMA does the smoothing); the downstream stage gets
 S_tot − s_shared.
 
+Urgent prefill: the cap is a bandwidth argument (capped decode loses little), and prefill is
+compute-bound, so an iteration whose prefill carries an urgent prompt (see
+`SchedulingPolicy.prefill_sms`) may run that prefill at `SmDecision.prefill` = S_aggr while its
+decode keeps the cap; the downstream headroom published for the step does not change.
+
 Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
 the setting that protects short-path requests most while still bounding the shared stage.
 """
@@ -28,6 +33,7 @@ class SmDecision:
     downstream: int  # complementary headroom for downstream stages
     level: int  # index into ladder.levels, or AGGRESSIVE / UNCAPPED
     changed: bool  # differs from the previous step's decision
+    prefill: int  # SMs for a prefill carrying urgent prompts (≥ shared)
 
 
 class PressureEwma:
@@ -62,7 +68,7 @@ def snap(levels: list[int], target: float) -> int:
 class SpatialController:
     """Bandwidth-guided SM throttling with hysteresis."""
 
-    __slots__ = ("_control", "_hyst", "_ladder", "_levels", "_prev", "_span", "ewma")
+    __slots__ = ("_boost", "_control", "_hyst", "_ladder", "_levels", "_prev", "_span", "ewma")
 
     def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
         self._ladder = ladder
@@ -70,6 +76,7 @@ class SpatialController:
         self._levels = list(ladder.levels)
         self._span = ladder.s_cap - ladder.s_min
         self._hyst = control.hysteresis_steps
+        self._boost = control.urgent_prefill_boost
         self.ewma = PressureEwma(control.ewma_gamma)
         self._prev: SmDecision | None = None
 
@@ -110,7 +117,9 @@ class SpatialController:
         return self._remember(shared, level, True)
 
     def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
-        d = SmDecision(shared, self._ladder.headroom(shared), level, changed)
+        ladder = self._ladder
+        prefill = ladder.aggressive if self._boost and level >= 0 else shared
+        d = SmDecision(shared, ladder.headroom(shared), level, changed, prefill)
         self._prev = d
         return d
 
@@ -121,7 +130,7 @@ class UncappedSpatial:
     __slots__ = ("_decision", "ewma")
 
     def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
-        self._decision = SmDecision(ladder.total, ladder.total, UNCAPPED, False)
+        self._decision = SmDecision(ladder.total, ladder.total, UNCAPPED, False, ladder.total)
         self.ewma = PressureEwma(control.ewma_gamma)
 
     def observe(self, sample: float | None) -> float | None:

@@ -75,3 +75,27 @@ def test_dequeue_and_requeue_track_the_waiting_queue() -> None:
 def test_unknown_policy_names_the_field() -> None:
     with pytest.raises(ValueError, match="policy: unknown policy 'sjf'"):
         make_policy("sjf", make_config())
+
+
+def test_prefill_sms_boosts_only_urgent_prompts() -> None:
+    policy = make_policy("horizon", make_config())
+    audio = policy.admit("a", 0.0, priority=10)  # long path, 5 s target
+    text = policy.admit("t", 0.0, priority=0)  # short path: its prefill is the first token
+    sm = policy.step(0.01, downstream_active=True, pressure_sample=0.2).sm
+    assert sm.shared < sm.prefill == 132
+    assert policy.prefill_sms(sm, [], 0.01) == sm.shared
+    assert policy.prefill_sms(sm, [audio], 0.01) == sm.shared  # plenty of slack
+    assert policy.prefill_sms(sm, [audio, text], 0.01) == 132
+    assert policy.prefill_sms(sm, [audio], audio.protect_at + 1e-3) == 132  # protected now
+    idle = policy.step(0.02, downstream_active=False).sm
+    assert policy.prefill_sms(idle, [text], 0.02) == idle.shared == 132
+
+
+@pytest.mark.parametrize(
+    ("name", "boost"), [("horizon", False), ("fcfs", True), ("horizon-no-throttling", True)]
+)
+def test_prefill_sms_is_the_cap_without_boost_or_throttling(name: str, boost: bool) -> None:
+    policy = make_policy(name, make_config(urgent_prefill_boost=boost))
+    text = policy.admit("t", 0.0, priority=0)
+    sm = policy.step(0.01, downstream_active=True, pressure_sample=0.2).sm
+    assert policy.prefill_sms(sm, [text], 0.01) == sm.shared

@@ -50,6 +50,8 @@ def test_cap_bounds_and_hysteresis(trace: list, hyst: int) -> None:
             else:
                 assert abs(target - prev.level) < max(hyst, 1) or target == prev.level
         assert d.changed == (prev is None or prev.level != d.level)
+        # An urgent prefill may take S_aggr only while the cap applies; otherwise the cap.
+        assert d.prefill == (LADDER.aggressive if active else d.shared)
         prev = d
 
 

@@ -46,6 +46,8 @@ TRACE_COLUMNS = (
     "waiting",
     "downstream_active",
     "phase",
+    "prefill_sms",  # SMs the prefill ran on (the cap unless an urgent prompt was in it)
+    "control_s",  # policy step + publish + batch formation, before the GPU work
 )
 IMAGE = "image"
 

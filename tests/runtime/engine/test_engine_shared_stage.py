@@ -44,8 +44,10 @@ class Clock:
 
 
 class Harness:
-    def __init__(self, model: DecoderLM, policy: str, active: int = 0) -> None:
-        self.config = reference_config("tiny", policy=policy)
+    def __init__(self, model: DecoderLM, policy: str, active: int = 0, boost: bool = True) -> None:
+        config = reference_config("tiny", policy=policy)
+        control = config.control.model_copy(update={"urgent_prefill_boost": boost})
+        self.config = config.model_copy(update={"control": control})
         self.events: list[Event] = []
         self.handoffs: list[tuple[str, Handoff]] = []
         self.published: list[StepDecision] = []
@@ -107,7 +109,7 @@ def test_fcfs_schedules_in_arrival_order(model: DecoderLM) -> None:
         h.submit(rid, prio)
     h.stage.iterate()
     assert h.stage.last_plan_rids == ["s1", "i1", "t1", "t2"]
-    assert h.activated == [None]  # baselines run uncapped
+    assert set(h.activated) == {None}  # baselines run uncapped, prefill and decode alike
 
 
 def test_first_token_handoff_and_done_events(model: DecoderLM) -> None:
@@ -150,6 +152,46 @@ def test_sm_cap_follows_downstream_activity(model: DecoderLM) -> None:
     assert sm.downstream == ladder.total - sm.shared
     assert h.activated[-1] == sm.shared
     assert len(h.published) == h.stage.steps == 2
+
+
+def _one_step_activations(h: Harness) -> list[int | None]:
+    before = len(h.activated)
+    h.stage.iterate()
+    return h.activated[before:]
+
+
+def test_urgent_prefill_runs_above_the_cap_and_decode_at_it(model: DecoderLM) -> None:
+    h = Harness(model, "horizon", active=1)
+    h.submit("warm", 0, output_tokens=8)
+    h.stage.iterate()  # the cap is set; "warm" keeps decoding
+    h.submit("t", 0)
+    acts = _one_step_activations(h)
+    cap = h.published[-1].sm.shared
+    assert cap < h.config.ladder.total
+    # Short-path prompt: its prefill is its first token, so it gets S_aggr (the whole GPU).
+    assert acts == [None, cap]
+    assert h.stage.last_plan_rids == ["t"]
+
+
+def test_relaxed_long_path_prefill_keeps_the_cap(model: DecoderLM) -> None:
+    h = Harness(model, "horizon", active=1)
+    h.submit("warm", 0, output_tokens=8)
+    h.stage.iterate()
+    h.submit("s", 10)  # seconds of slack: not protected
+    acts = _one_step_activations(h)
+    cap = h.published[-1].sm.shared
+    assert h.stage.last_plan_rids == ["s"]
+    assert acts == [cap, cap]
+
+
+def test_boost_off_keeps_prefill_at_the_cap(model: DecoderLM) -> None:
+    h = Harness(model, "horizon", active=1, boost=False)
+    h.submit("warm", 0, output_tokens=8)
+    h.stage.iterate()
+    h.submit("t", 0)
+    acts = _one_step_activations(h)
+    cap = h.published[-1].sm.shared
+    assert acts == [cap, cap]
 
 
 def test_unknown_class_is_reported_not_fatal(model: DecoderLM) -> None:

@@ -143,20 +143,24 @@ class SharedStage:
         sample = self._pressure()
         decision = self.policy.step(now, downstream_active=active > 0, pressure_sample=sample)
         sm = decision.sm
-        capped = sm.level != UNCAPPED and sm.shared < self.total_sms
-        self._sm.activate(sm.shared if capped else None)
         self._publish(decision, sample)
 
         plan = self.batcher.plan(decision.view.iter_visible(self.waiting.values(), _signals))
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
+        prefill_sms = self.policy.prefill_sms(sm, (_signals(s) for s in plan.prefill), now)
         t0 = self._clock()
         for seq in plan.prefill:
             self.policy.dequeue(seq.payload.sig)
             del self.waiting[seq.rid]
             seq.payload.scheduled = t0
 
-        self.executor.prefill(plan.prefill)
+        # Prefill (compute-bound) may run above the cap when it carries an urgent prompt;
+        # decode always runs at the step's cap.
+        if plan.prefill:
+            self._sm.activate(self._level(sm.level, prefill_sms))
+            self.executor.prefill(plan.prefill)
         t1 = self._clock()
+        self._sm.activate(self._level(sm.level, sm.shared))
         self.executor.decode(plan.decode)
         t2 = self._clock()
 
@@ -189,10 +193,16 @@ class SharedStage:
                 len(self.waiting),
                 active,
                 decision.view.phase.value,
+                prefill_sms if plan.prefill else sm.shared,
+                t0 - now,
             )
         )
         self.flush_trace()
         return decision
+
+    def _level(self, level: int, sms: int) -> int | None:
+        """The SM count to activate; None = the whole GPU (uncapped, or a full-GPU count)."""
+        return None if level == UNCAPPED or sms >= self.total_sms else sms
 
     def _finish(self, seq: Sequence) -> None:
         job: SharedJob = seq.payload
