@@ -5,6 +5,8 @@ collects events out, and shuts everything down.
                        speech, image); waits until every stage reported READY
     Pipeline.submit()  class lookup + arrival stamp, then onto the shared stage's queue;
                        returns a RequestHandle whose events fire at first response / done
+    Pipeline.abort()   drop every request in flight (and hand-offs still on their way) in all
+                       stages without restarting them; their handles finish with an error
     Pipeline.stop()    sentinel to every stage, join, terminate stragglers, remove the record
 
 A collector thread turns stage events into request records, metrics (MetricsRecorder) and the
@@ -39,6 +41,7 @@ from horizonserve.runtime.engine.reference.gpu_control import (
     uses_mps,
 )
 from horizonserve.runtime.engine.reference.protocol import (
+    ABORTED,
     DONE,
     ERROR,
     FIRST,
@@ -51,6 +54,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     STOPPED,
     TRACE,
     TRACE_COLUMNS,
+    Abort,
     Admit,
     Event,
     ProbeDecode,
@@ -215,6 +219,7 @@ class Pipeline:
         self.mps_active = False
         self.sharing = "timeslice"
         self._probes: dict[str, dict[str, Any]] = {}
+        self._aborts: dict[str, int] = {}  # stage → requests dropped, per `abort` call
         self.on_event: Callable[[Event], None] | None = None  # test hook
         self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
 
@@ -473,6 +478,30 @@ class Pipeline:
             self._wait_locked(lambda: self._policy_ack == name.value, timeout, "policy switch")
         self.config = self.config.model_copy(update={"policy": name})
 
+    def abort(self, before: float | None = None, timeout: float = 30.0) -> dict[str, int]:
+        """Drop every request that arrived at or before `before` (default: now) in every stage,
+        the models staying loaded; returns the requests each stage dropped.
+
+        The shared stage acknowledges first, so whatever it handed off before dropping is
+        already on the downstream queues; the downstream stages also drop hand-offs of these
+        requests that reach them later. Handles still open finish with the error "aborted".
+        """
+        if not self._running:
+            raise PipelineError("pipeline is not running")
+        before = time.monotonic() if before is None else before
+        with self._ready:
+            self._aborts = {}
+            for name in ("shared", *[n for n in self._queues if n != "shared"]):
+                self._queues[name].put(Abort(before))
+                self._wait_locked(lambda n=name: n in self._aborts, timeout, f"abort ({name})")
+            dropped = dict(self._aborts)
+        with self._lock:
+            stale = [h for h in self._handles.values() if h.record.arrival <= before]
+        for handle in stale:
+            handle.record.error = "aborted"
+            self._retire(handle)
+        return dropped
+
     def probe_decode(
         self, batch: int, context: int, steps: int = 20, timeout: float = 300.0, **kw: Any
     ) -> dict[str, Any]:
@@ -561,9 +590,11 @@ class Pipeline:
             pressure = last[4]
             self.metrics.step(last[1], last[2], pressure, last[10])
             return
-        if kind in (READY, STOPPED, ERROR, POLICY, PROBE) and ev.rid is None:
+        if kind in (READY, STOPPED, ERROR, POLICY, PROBE, ABORTED) and ev.rid is None:
             with self._ready:
-                if kind == PROBE:
+                if kind == ABORTED:
+                    self._aborts[ev.stage] = ev.data["dropped"]
+                elif kind == PROBE:
                     self._probes[ev.stage] = ev.data
                 elif kind == POLICY:
                     self._policy_ack = ev.data["policy"]

@@ -28,6 +28,7 @@ ERROR = "error"  # a stage failed (data["message"]); rid set when one request fa
 STOPPED = "stopped"  # a stage left its loop
 POLICY = "policy"  # the shared stage switched policy (data["policy"])
 PROBE = "probe"  # step times per SM level (data: see ProbeDecode / ProbeLoad)
+ABORTED = "aborted"  # a stage dropped requests for an Abort (data["dropped"])
 
 SPEECH = "speech"
 
@@ -79,6 +80,15 @@ class SetPolicy:
     """Swap the shared stage's policy between runs (models stay loaded; stage must be idle)."""
 
     policy: str
+
+
+@dataclass(slots=True, frozen=True)
+class Abort:
+    """Drop every request that arrived at or before `before` (monotonic s): those in the stage
+    now and those that reach it later (a hand-off still on its way). Acknowledged with one
+    ABORTED event per stage; the stage's models, caches and SM ladder stay as they are."""
+
+    before: float
 
 
 @dataclass(slots=True, frozen=True)

@@ -172,6 +172,26 @@ def test_decode_probe_reports_each_sm_level(backend: ReferenceBackend) -> None:
     assert backend.pipeline.health()["ok"]
 
 
+def test_abort_drops_everything_in_flight_and_the_stages_keep_serving(
+    backend: ReferenceBackend,
+) -> None:
+    pipeline = backend.pipeline
+    long_text = RequestSpec("ab-text", priority=0, input_tokens=16, output_tokens=100_000)
+    long_speech = RequestSpec("ab-speech", priority=10, output_tokens=2, downstream_tokens=100_000)
+    handles = [pipeline.submit(long_text), pipeline.submit(long_speech)]
+    assert all(h.wait_first(30) for h in handles)  # both are now deep inside their stages
+    assert pipeline.in_flight() == 2
+    dropped = pipeline.abort()
+    assert set(dropped) == {"shared", "speech", "image"}
+    assert dropped["shared"] == 1 and dropped["speech"] == 1 and dropped["image"] == 0
+    assert pipeline.in_flight() == 0
+    assert [h.record.error for h in handles] == ["aborted", "aborted"]
+    assert all(h.done.is_set() for h in handles)
+    after = pipeline.submit(RequestSpec("ab-after", priority=10, output_tokens=2))
+    assert after.wait_done(30) and after.record.error is None  # same stages, freed slots
+    assert pipeline.health()["ok"]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -194,6 +194,21 @@ def test_boost_off_keeps_prefill_at_the_cap(model: DecoderLM) -> None:
     assert acts == [cap, cap]
 
 
+def test_abort_frees_slots_and_the_policy_index(model: DecoderLM) -> None:
+    h = Harness(model, "horizon")
+    h.submit("run", 0, output_tokens=50)
+    h.stage.iterate()  # "run" is decoding
+    h.submit("wait", 10)
+    cut = h.clock.t
+    assert h.stage.abort(cut) == 2
+    assert h.stage.idle and not h.stage.batcher.running
+    assert h.stage.policy.step(h.clock(), downstream_active=False).view.visible == 0
+    h.stage.submit(Admit(RequestSpec("late", priority=0), cut - 1.0, None))
+    assert h.stage.idle  # arrived before the cut: dropped on arrival
+    h.submit("new", 0)
+    assert not h.stage.idle and h.stage.abort(cut) == 0
+
+
 def test_unknown_class_is_reported_not_fatal(model: DecoderLM) -> None:
     h = Harness(model, "horizon")
     spec = RequestSpec("x", class_name="nope")

@@ -14,16 +14,20 @@ guaranteed once the shared stage reacts.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Protocol
 
 from horizonserve.runtime.config import ServingConfig
 from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap, sm_info
 from horizonserve.runtime.engine.reference.protocol import (
+    ABORTED,
     PROBE,
     READY,
     STOPPED,
+    Abort,
     Event,
+    Handoff,
     ProbeLoad,
     ProbeStop,
 )
@@ -59,6 +63,8 @@ class DownstreamStage(Protocol):
     def add_synthetic(self, n: int) -> None: ...
 
     def cancel_all(self) -> None: ...
+
+    def abort(self, before: float) -> int: ...
 
 
 def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
@@ -159,6 +165,7 @@ class DownstreamLoop:
         self.events.put(Event(READY, self.name, time.monotonic(), data=info))
         watch = ParentWatch()
         beat = 0.0
+        aborted_before = -math.inf  # hand-offs of requests that arrived by then are dropped
         while True:
             msgs = drain(self.in_q, block=stage.idle)
             stop = False
@@ -169,6 +176,13 @@ class DownstreamLoop:
                     stop = stop or not self.run_load(stage, msg)
                 elif isinstance(msg, ProbeStop):
                     continue
+                elif isinstance(msg, Abort):
+                    aborted_before = max(aborted_before, msg.before)
+                    dropped = stage.abort(msg.before)
+                    ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
+                    self.events.put(ev)
+                elif isinstance(msg, Handoff) and msg.arrival <= aborted_before:
+                    continue  # its request was aborted while it was on its way
                 else:
                     stage.submit(msg)
             now = time.monotonic()

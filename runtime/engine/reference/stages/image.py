@@ -31,6 +31,7 @@ class ImageJob:
     cond: torch.Tensor  # [cond_tokens, thinker_hidden]
     x: torch.Tensor  # [patch_tokens, latent_channels], noise at t = 1
     steps: int
+    arrival: float = float("inf")  # the request's arrival (synthetic load: never aborted)
     done_steps: int = 0
 
 
@@ -71,6 +72,13 @@ class ImageStage:
         self.pending.clear()
         self.active = []
 
+    def abort(self, before: float) -> int:
+        """Drop jobs whose request arrived at or before `before`; returns how many."""
+        n = self.in_flight
+        self.pending = deque(j for j in self.pending if j.arrival > before)
+        self.active = [j for j in self.active if j.arrival > before]
+        return n - self.in_flight
+
     @property
     def in_flight(self) -> int:
         return len(self.pending) + len(self.active)
@@ -87,7 +95,7 @@ class ImageStage:
             cond = torch.cat((pad, cond))
         x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device, dtype=self.dtype)
         steps = msg.target if msg.target else d.steps
-        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps)))
+        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival))
 
     @torch.inference_mode()
     def iterate(self) -> None:

@@ -26,11 +26,13 @@ from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Se
 from horizonserve.runtime.engine.reference.gpu_control import SmCap
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import (
+    ABORTED,
     DONE,
     ERROR,
     FIRST,
     HANDOFF,
     TRACE,
+    Abort,
     Admit,
     Event,
     Handoff,
@@ -100,6 +102,7 @@ class SharedStage:
         self._trace_every = trace_interval_s
         self._trace_next = 0.0
         self.last_plan_rids: list[str] = []  # prompts admitted by the last iteration (tests)
+        self.aborted_before = -math.inf  # requests that arrived at or before this are dropped
 
     # -- requests ---------------------------------------------------------------------------
     def prompt_len(self, admit: Admit) -> int:
@@ -116,6 +119,8 @@ class SharedStage:
 
     def submit(self, admit: Admit) -> None:
         s = admit.spec
+        if admit.arrival <= self.aborted_before:
+            return
         try:
             video_tokens = round(s.video_seconds * self.preset.tokens_per_video_second)
             features = InputFeatures(s.input_tokens + video_tokens, s.audio_seconds, s.images)
@@ -135,6 +140,22 @@ class SharedStage:
     @property
     def idle(self) -> bool:
         return not self.waiting and self.batcher.idle
+
+    def abort(self, before: float) -> int:
+        """Drop waiting and running requests that arrived at or before `before`; KV slots are
+        freed and the policy's waiting index forgets them. Returns how many were dropped."""
+        self.aborted_before = max(self.aborted_before, before)
+        dropped = 0
+        for rid, seq in list(self.waiting.items()):
+            if seq.payload.admit.arrival <= before:
+                self.policy.dequeue(seq.payload.sig)
+                del self.waiting[rid]
+                dropped += 1
+        for seq in list(self.batcher.running):
+            if seq.payload.admit.arrival <= before:
+                self.batcher.finish(seq)
+                dropped += 1
+        return dropped
 
     # -- one iteration ------------------------------------------------------------------------
     def iterate(self) -> StepDecision:
@@ -325,6 +346,9 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
                 stop = True
             elif isinstance(msg, SetPolicy):
                 switch_policy(stage, config, msg.policy, events)
+            elif isinstance(msg, Abort):
+                dropped = stage.abort(msg.before)
+                events.put(Event(ABORTED, STAGE, time.monotonic(), data={"dropped": dropped}))
             elif isinstance(msg, ProbeDecode):
                 events.put(
                     probe_decode(

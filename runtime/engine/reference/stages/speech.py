@@ -85,6 +85,19 @@ class SpeechStage:
             seq = Sequence(f"load-{self._synthetic}", p, target, SpeechJob(None, cond[-p:]))
             self.pending.append(seq)
 
+    def abort(self, before: float) -> int:
+        """Drop requests that arrived at or before `before` (KV slots freed); returns how many."""
+
+        def hit(seq: Sequence) -> bool:
+            h = seq.payload.handoff
+            return h is not None and h.arrival <= before
+
+        n = self.in_flight
+        self.pending = deque(seq for seq in self.pending if not hit(seq))
+        for seq in [seq for seq in self.batcher.running if hit(seq)]:
+            self.batcher.finish(seq)
+        return n - self.in_flight
+
     def cancel_all(self) -> None:
         """Drop every job (calibration only: nothing real is in flight then)."""
         self.pending.clear()
