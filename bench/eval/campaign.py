@@ -126,39 +126,46 @@ def tiers(
 ) -> list[tuple[int, str, float, float | None, str, int]]:
     """(tier, point id, rate, long share, system, rep) for the whole campaign, by priority.
 
-    Tier 1: the five main systems at the stressed rate (default mix). 2: the two ablations
-    there, HorizonServe and EDF-MPS (the simulator's best baseline there) at the
-    downstream-heavy point. 3: a repeat of HorizonServe at the stressed rate (spread), MPS at
-    the heavy point. 4: Vanilla/EDF at the heavy point, repeats of two baselines. 5: the rest
-    of the rate sweep (main systems). 6: the rest of the long-path sweep. 7: ablations elsewhere.
+    1: the five main systems at the stressed rate; HorizonServe and EDF-MPS at the
+       downstream-heavy point (stress_long at long_rate).
+    2: the ablations at the stressed rate; the other baselines at the heavy point; the main
+       systems at the long sweep's rate with the default mix.
+    3: rates above the stressed one; a HorizonServe repeat at the stressed rate (spread).
+    4: the rest of the long-path sweep.  5: the remaining rates; ablations at the long rate.
+    6: ablations and a HorizonServe repeat at the heavy point, repeats of the MPS baselines at
+       the stressed rate.  7: ablations at the remaining rates.
     """
     out: list[tuple[int, str, float, float | None, str, int]] = []
     s_id = _point_id(stress_rate, None)
-    h_id = _point_id(long_rate, stress_long)
+    l_id = _point_id(long_rate, None)
 
     def add(tier: int, rate: float, lr: float | None, systems: tuple[str, ...], rep: int = 1):
         pid = _point_id(rate, lr)
         for s in systems:
-            out.append((tier, pid, rate, lr, s, rep))
+            if not any(o[1] == pid and o[4] == s and o[5] == rep for o in out):
+                out.append((tier, pid, rate, lr, s, rep))
 
     add(1, stress_rate, None, MAIN)
+    add(1, long_rate, stress_long, ("horizon", "edf-mps"))
     add(2, stress_rate, None, ABLATIONS)
-    add(2, long_rate, stress_long, ("horizon", "edf-mps"))
+    add(2, long_rate, stress_long, ("mps", "fcfs", "edf"))
+    add(2, long_rate, None, MAIN)
     add(3, stress_rate, None, ("horizon",), rep=2)
-    add(3, long_rate, stress_long, ("mps",))
-    add(4, long_rate, stress_long, ("fcfs", "edf"))
-    add(4, stress_rate, None, ("edf-mps", "fcfs"), rep=2)
-    add(4, long_rate, stress_long, ("horizon",), rep=2)
-    for r in rates:
-        if _point_id(r, None) != s_id:
-            add(5, r, None, MAIN)
+    others = [r for r in sorted(rates, reverse=True) if _point_id(r, None) not in (s_id, l_id)]
+    for r in others:
+        if r > stress_rate:
+            add(3, r, None, MAIN)
     for lr in long_ratios:
-        if _point_id(long_rate, lr) != h_id:
-            add(6, long_rate, lr, MAIN)
-    add(7, long_rate, stress_long, ABLATIONS)
-    for r in rates:
-        if _point_id(r, None) != s_id:
-            add(7, r, None, ABLATIONS)
+        if lr != stress_long:
+            add(4, long_rate, lr, MAIN)
+    for r in others:
+        add(5, r, None, MAIN)
+    add(5, long_rate, None, ABLATIONS)
+    add(6, long_rate, stress_long, ABLATIONS)
+    add(6, long_rate, stress_long, ("horizon",), rep=2)
+    add(6, stress_rate, None, ("mps", "edf-mps"), rep=2)
+    for r in others:
+        add(7, r, None, ABLATIONS)
     return out
 
 
@@ -249,7 +256,7 @@ class Costs:
     """Running estimates (s) of what an item and a stage restart take."""
 
     drain: float = 5.0  # after the last arrival until every request answered or missed
-    idle: float = 8.0  # then until the pipeline is idle (capped by the plan's idle_cap_s)
+    idle: float = 3.0  # then until the pipeline is idle or aborted (plan's idle_cap_s)
     restart: float = 25.0  # stop + start (+ warm-up)
 
     def item(self, duration: float) -> float:
@@ -533,7 +540,8 @@ class Campaign:
                 break
             time.sleep(0.05)
         t_cut = time.monotonic()
-        # Idle: let the leftovers finish (their TPOT/completion is recorded) or restart.
+        # Leftovers may finish for a few seconds (their TPOT / completion is recorded); then
+        # everything still in flight is aborted, so no backlog carries into the next item.
         idle_cap = min(self.plan["drain"]["idle_cap_s"], max(0.0, self.left() - 5))
         idle = True
         try:
@@ -542,9 +550,18 @@ class Campaign:
             idle = False
         t_idle = time.monotonic()
         pipe.wait_trace(t_idle - 0.3, timeout=2.0)
+        aborted: dict[str, int] | None = None
+        if not idle:
+            try:
+                aborted = pipe.abort(before=t_idle)
+            except Exception as exc:  # a stuck stage: the next item starts fresh stages
+                log.warning("abort failed: %r; restarting", exc)
         records = []
         for r, h in handles:
             rec = h.record.as_dict()
+            if rec["error"] == "aborted":  # cut off at the item's end, not a failure
+                rec["error"] = None
+                rec["aborted_at_end"] = True
             rec.pop("info", None)
             rec["arrival_offset_s"] = r["at_s"]
             rec["answered_by_cut"] = h.record.first is not None and h.record.first <= t_cut
@@ -575,7 +592,8 @@ class Campaign:
                 "drain_s": t_cut - t_last,
                 "idle_wait_s": t_idle - t_cut,
                 "idle_reached": idle,
-                "unfinished_at_end": pipe.in_flight(),
+                "unfinished_at_end": sum(1 for r in records if r.get("aborted_at_end")),
+                "aborted": aborted,
                 "wall_s": t_idle - t_item,
                 "errors": health["errors"],
             }
@@ -590,9 +608,9 @@ class Campaign:
             "%s: attainment %.3f (short %s, long %s), %d req, drain %.1f s, idle wait %.1f s%s",
             item["id"], s["attainment"] or 0.0, _f(s["short_attainment"]),
             _f(s["long_attainment"]), len(records), t_cut - t_last, t_idle - t_cut,
-            "" if idle else " (not idle: restart)",
+            "" if idle else f" (aborted {aborted})",
         )  # fmt: skip
-        if not idle or not health["ok"]:
+        if (not idle and aborted is None) or not health["ok"]:
             self.stop()  # the next item starts fresh stages: no backlog carried over
 
     # -- loop -----------------------------------------------------------------------------------
@@ -758,6 +776,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_carry(args: argparse.Namespace) -> int:
+    from reuse import carry  # bench/eval/reuse.py, next to this script
+
+    data = Path(args.plan).read_bytes()
+    plan = json.loads(data)
+    systems = set(args.systems.split(","))
+    unknown = systems - set(ALL)
+    if unknown:
+        raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(ALL)}")
+    sha = hashlib.sha256(data).hexdigest()
+    ids = carry(plan, sha, Path(getattr(args, "from")), systems, Path(args.out))
+    print(f"carried {len(ids)} items into {args.out}: {', '.join(ids)}")
+    return 0
+
+
 # -- CLI ------------------------------------------------------------------------------------------
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
@@ -773,13 +806,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifact", default="runtime/data/calibration/h200-measured.json")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per point")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--stress-rate", type=float, default=6.0, help="tier-1 rate, req/s")
-    p.add_argument("--rates", type=_floats, default=[2.0, 4.0, 6.0, 8.0])
+    p.add_argument("--stress-rate", type=float, default=8.0, help="tier-1 rate, req/s")
+    p.add_argument("--rates", type=_floats, default=[2.0, 4.0, 6.0, 8.0, 10.0])
     p.add_argument("--long-rate", type=float, default=6.0, help="offered load of the long sweep")
     p.add_argument("--long-ratios", type=_floats, default=[0.0, 0.3, 0.6])
     p.add_argument("--stress-long", type=float, default=0.6)
     p.add_argument("--drain-slack", type=float, default=1.0, help="s after the largest SLO")
-    p.add_argument("--idle-cap", type=float, default=12.0, help="s to wait for leftovers")
+    p.add_argument(
+        "--idle-cap", type=float, default=3.0, help="s to let leftovers finish before the abort"
+    )
     r = sub.add_parser("run", help="run pending items on the engine (the GPU)")
     r.add_argument("--plan", required=True)
     r.add_argument("--out", required=True)
@@ -797,8 +832,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--artifact", help="default: the plan's")
     s.add_argument("--systems")
     s.add_argument("--seeds", type=int, default=3, help="trace seeds (the first is the plan's)")
+    c = sub.add_parser("carry", help="carry finished items of an earlier run into this plan")
+    c.add_argument("--plan", required=True)
+    c.add_argument("--from", required=True, help="the earlier run folder (with its plan.json)")
+    c.add_argument("--systems", required=True, help="comma-separated systems whose code path "
+                   "did not change between the two runs")  # fmt: skip
+    c.add_argument("--out", required=True, help="a new part folder of this run, e.g. RUN/s0")
     args = ap.parse_args(argv)
-    return {"plan": cmd_plan, "run": cmd_run, "simulate": cmd_simulate}[args.cmd](args)
+    commands = {"plan": cmd_plan, "run": cmd_run, "simulate": cmd_simulate, "carry": cmd_carry}
+    return commands[args.cmd](args)
 
 
 if __name__ == "__main__":
