@@ -5,7 +5,11 @@ Processes that co-run on the simulated GPU:
     scheduling opportunity: `policy.step(now, downstream_active=…, pressure_sample=…)` (the
     control core's own object), then the base scheduler (`sim.shared`) builds the batch from the
     policy's view, and the iteration lasts `SharedCost.iteration_s` at the SM cap the policy
-    chose, slowed by co-running when a downstream stage is active;
+    chose, slowed by co-running when a downstream stage is active. When the batch's prefill
+    carries an urgent prompt (`policy.prefill_sms`: short-path, or protected by now; chunk
+    continuations included) the prefill part runs on S_aggr, overlapping the downstream's SMs
+    as under MPS, and the decode part at the cap (`SharedCost.boosted_iteration_s`); one extra
+    event at the end of that prefill part re-rates the downstream stages;
   * the downstream stages (`sim.downstream`), fluid batch servers whose step time depends on
     their SM share (S_tot − cap under HorizonServe's partition while the shared stage runs, the
     whole GPU otherwise) and on whether the shared stage is running.
@@ -31,15 +35,15 @@ from horizonserve.runtime.policy import SchedulingPolicy, make_policy
 from horizonserve.runtime.profiler import InputFeatures
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
-from horizonserve.runtime.sim.request import NOT_YET, SimRequest
+from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of
 from horizonserve.runtime.sim.result import SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
 from horizonserve.runtime.sim.trace import Trace
-from horizonserve.runtime.spatial import UNCAPPED
+from horizonserve.runtime.spatial import UNCAPPED, SmDecision
 
-_ARRIVAL, _SHARED_DONE, _DOWN, _POLL = 0, 1, 2, 3
+_ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
 _POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)
 _TRACE_DT = 0.02  # control-trace resolution (s) unless the cap changes
 
@@ -102,6 +106,7 @@ class Simulator:
         self._trace_last_cap = -1
         # Statistics.
         self.iterations = 0
+        self.boosted = 0  # iterations whose prefill ran above the cap
         self.events_done = 0
         self.busy_time = 0.0
         self.corun_time = 0.0
@@ -210,9 +215,27 @@ class Simulator:
             if shared.waiting:
                 self._push(now + _POLL_S, _POLL)
             return
-        dur = self.cost.iteration_s(
-            sms, batch.seqs, batch.prefill_tokens, batch.cached_tokens, active, sharing, switched
-        )
+        prefill_sms = sms
+        if sm.prefill != sm.shared and batch.chunks:  # a boost is possible: ask the policy
+            prefill_sms = self._prefill_sms(sm, batch, now)
+        if prefill_sms == sms:
+            dur = self.cost.iteration_s(
+                sms,
+                batch.seqs,
+                batch.prefill_tokens,
+                batch.cached_tokens,
+                active,
+                sharing,
+                switched,
+            )
+        else:  # only under the partition while co-running (sm.prefill > sm.shared)
+            pre, dec_s = self.cost.boosted_iteration_s(
+                sms, prefill_sms, batch.seqs, batch.prefill_tokens, batch.cached_tokens
+            )
+            dur = pre + dec_s
+            sharing = Sharing.MPS  # the downstream's view until the prefill part ends
+            self.boosted += 1
+            self._push(now + pre, _PREFILL_DONE)
         self.busy = True
         self.batch = batch
         self.sms, self.down_sms, self.sharing = sms, down, sharing
@@ -227,6 +250,16 @@ class Simulator:
         if self.trace_out is not None:
             self._record(now, sms, dec.pressure, sample, active)
         self._push(now + dur, _SHARED_DONE)
+
+    def _prefill_sms(self, sm: SmDecision, batch: Batch, now: float) -> int:
+        """SMs of this iteration's prefill part. Every chunk counts: a continuation of an
+        urgent prompt is still urgent (urgency only grows with time)."""
+        return self.policy.prefill_sms(sm, (sig_of(req) for req, _ in batch.chunks), now)
+
+    def _on_prefill_done(self, now: float) -> None:
+        """The boosted prefill part ended: the decode part runs inside the partition."""
+        self.sharing = Sharing.PARTITION
+        self._rerate_all(now)
 
     def _record(
         self, now: float, sms: int, pressure: float | None, sample: float, active: bool
@@ -373,6 +406,8 @@ class Simulator:
                 self._on_down(a, b, now)
             elif kind == _ARRIVAL:
                 self._on_arrival(a, now)
+            elif kind == _PREFILL_DONE:
+                self._on_prefill_done(now)
             elif kind == _POLL and not self.busy and self.shared.has_work:
                 self._start_iteration(now)
                 self._rerate_all(now)
@@ -407,6 +442,7 @@ class Simulator:
             "cpu_speed_x": sim_s / cpu if cpu > 0 else float("inf"),
             "events": float(self.events_done),
             "iterations": float(self.iterations),
+            "boosted_frac": self.boosted / self.iterations if self.iterations else 0.0,
             "shared_busy_frac": self.busy_time / sim_s,
             "corun_frac": self.corun_time / sim_s,
             "mean_cap_corun": self.cap_time / self.corun_time if self.corun_time else float("nan"),

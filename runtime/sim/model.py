@@ -9,6 +9,12 @@ GPU sharing between the shared stage and the downstream stages, while both are b
              each pays the co-run factor the artifact measured at that split.
   timeslice  no SM control, no MPS (vanilla vLLM-Omni): both stages on the whole GPU.
   mps        no SM control, NVIDIA MPS: both on the whole GPU, less co-running penalty.
+
+Urgent-prefill boost (`boosted_iteration_s`): an iteration whose prefill carries an urgent
+prompt runs that prefill on S_aggr SMs, beyond its partition and over the downstream's SMs, then
+its decode at the cap. HorizonServe's stage processes are MPS clients under the Green Contexts,
+so on the overlapped SMs the kernels of both run at the same time, as under MPS: the prefill pays
+the MPS co-run factor, the downstream keeps its S_tot − cap SMs and pays its MPS factor.
 """
 
 from __future__ import annotations
@@ -101,6 +107,18 @@ class SharedCost:
             mem *= fd
             comp *= fp
         return mem + comp + (self._switch if switched else 0.0)
+
+    def boosted_iteration_s(
+        self, sms: int, prefill_sms: int, seqs: int, prefill_tokens: int, cached_tokens: int
+    ) -> tuple[float, float]:
+        """(prefill part, decode part) of a co-running iteration whose prefill runs on
+        `prefill_sms` > `sms` SMs (module docstring): the prefill at `prefill_sms` with the MPS
+        factor, the decode term at the cap `sms` with the partition factor; each part opens
+        with a Green Context switch (up to `prefill_sms`, back down to the cap)."""
+        mem = self._dec(sms) * (1.0 + self._seq * (seqs - 1) + self._ctx * cached_tokens)
+        comp = self._pre(prefill_sms) * prefill_tokens
+        fp = self.corun_factors(prefill_sms, Sharing.MPS)[1]
+        return self._switch + comp * fp, self._switch + mem * self._cd(sms)
 
     def decode_step_s(self, sms: int) -> float:
         return self._dec(sms)
