@@ -616,7 +616,9 @@ class Campaign:
     # -- loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         plan = self.plan
-        done = done_items(self.args.done or [])
+        redo = set(self.args.redo.split(",")) if self.args.redo else set()
+        done = done_items(self.args.done or []) - redo
+        self.summary["redo"] = sorted(redo)  # the report prefers these runs to earlier ones
         only = set(self.args.only.split(",")) if self.args.only else None
         max_tier = self.args.max_tier
         pending = [
@@ -821,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--budget-s", type=float, default=500.0, help="stop before this (s)")
     r.add_argument("--done", action="append", help="folder(s) with earlier summary.json files")
     r.add_argument("--only", help="comma-separated item or point ids")
+    r.add_argument("--redo", help="comma-separated item ids to run again although done")
     r.add_argument("--max-tier", type=int, default=99)
     r.add_argument("--device", default="auto")
     r.add_argument("--threads", type=int, default=1)

@@ -57,6 +57,7 @@ def read_members(path: Path) -> list[Any]:
 def load_run(run: Path) -> dict[str, Any]:
     plan = json.loads((run / "plan.json").read_text())
     items: dict[str, dict[str, Any]] = {}
+    superseded: list[str] = []  # items run again (--redo): the later run counts
     sessions = []
     for sdir in sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith("s")):
         if not (sdir / "summary.json").exists():
@@ -65,9 +66,14 @@ def load_run(run: Path) -> dict[str, Any]:
         sessions.append({"name": sdir.name, "summary": summary})
         recs = {m["item"]: m["records"] for m in read_members(sdir / "records.jsonl.gz")}
         steps = {m["item"]: m for m in read_members(sdir / "steps.jsonl.gz")}
+        redo = set(summary.get("redo", ()))
         for item_id, s in summary.get("items", {}).items():
-            if s.get("status") != "ok" or item_id not in recs or item_id in items:
+            if s.get("status") != "ok" or item_id not in recs:
                 continue
+            if item_id in items:
+                if item_id not in redo:
+                    continue
+                superseded.append(f"{item_id} ({items[item_id]['session']} → {sdir.name})")
             st = steps.get(item_id, {"columns": [], "rows": []})
             items[item_id] = {
                 "session": sdir.name,
@@ -84,7 +90,14 @@ def load_run(run: Path) -> dict[str, Any]:
     overhead = None
     if (run / "overhead_cpu.json").exists():
         overhead = json.loads((run / "overhead_cpu.json").read_text())
-    return {"plan": plan, "items": items, "sessions": sessions, "sims": sims, "overhead": overhead}
+    return {
+        "plan": plan,
+        "items": items,
+        "superseded": superseded,
+        "sessions": sessions,
+        "sims": sims,
+        "overhead": overhead,
+    }
 
 
 # -- metrics ----------------------------------------------------------------------------------

@@ -39,7 +39,41 @@ def test_tiny_pipeline_caps_the_shared_stage_while_downstream_runs() -> None:
         co_running = [r for r in result.trace if r["downstream_active"] > 0]
         assert co_running, "the talker never showed up as active"
         assert all(r["shared_sms"] <= ladder.s_cap for r in co_running)
+        # Urgent (short-path) prefills ran above the cap while decode stayed at it.
+        boosted = [
+            r for r in co_running if r["prefill_batch"] and r["prefill_sms"] > r["shared_sms"]
+        ]
+        assert boosted and all(r["prefill_sms"] == ladder.aggressive for r in boosted)
+        # Every decode graph was captured at start-up: none while serving.
+        assert info["shared"]["graph_captures"] > 0
         alone = [r for r in result.trace if r["downstream_active"] == 0]
         assert all(r["shared_sms"] == ladder.aggressive for r in alone)
         probe = backend.pipeline.probe_decode(batch=4, context=64, steps=5)
         assert set(probe["levels"]) == {str(s) for s in (*ladder.levels, ladder.total)}
+
+
+def test_precapture_covers_every_bucket_and_replays_match_eager() -> None:
+    from horizonserve.runtime.engine.reference.ar import ArExecutor
+    from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
+    from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
+    from horizonserve.runtime.engine.reference.presets import THINKER_TINY, StageLimits
+
+    limits = StageLimits(max_batch=6, max_len=256, max_prefill_tokens=512)
+    torch.manual_seed(0)
+    model = materialize(lambda: DecoderLM(THINKER_TINY), torch.device("cuda:0"), torch.float32)
+    graphed = ArExecutor(model, limits, keep_hidden=False, graphs=True)
+    eager = ArExecutor(model, limits, keep_hidden=False, graphs=False)
+    n = graphed.precapture()
+    assert n == len(graphed.batch_buckets) * len(graphed.ctx_buckets)
+    assert graphed.precapture() == 0  # idempotent per stream
+    runs = []
+    for ex in (graphed, eager):
+        batcher = ContinuousBatcher(limits)
+        seqs = [Sequence(f"s{i}", 7 + 5 * i, 20) for i in range(5)]
+        torch.manual_seed(1)
+        ex.prefill(batcher.plan(seqs).prefill)
+        for _ in range(12):
+            ex.decode(seqs)
+        runs.append([s.last_token for s in seqs])
+    assert graphed.graph_captures == n and graphed.graph_replays == 12  # no capture at serving
+    assert runs[0] == runs[1]

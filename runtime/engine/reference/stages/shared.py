@@ -525,8 +525,8 @@ def probe_decode(
 
 
 def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> None:
-    """Every prefill length bucket once (whole GPU), then one prefill + decode per SM level,
-    so first requests pay no lazy initialisation."""
+    """Every prefill length bucket once (whole GPU), then per SM level one prefill + decode and
+    every decode graph, so requests pay no lazy initialisation or graph capture."""
     sm.activate(None)
     executor.warm_prefill(batcher.limits.max_prefill_tokens)
     for level in (None, *getattr(sm, "levels", ())):
@@ -536,4 +536,5 @@ def warmup_ar(executor: ArExecutor, batcher: ContinuousBatcher, sm: SmCap) -> No
         executor.prefill(plan.prefill)
         executor.decode(plan.prefill)
         batcher.finish(seq)
+        executor.precapture()
     sm.activate(None)

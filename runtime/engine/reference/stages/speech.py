@@ -185,6 +185,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
             stage.submit(_warmup_handoff(h, 2 * preset.code_chunk, dtype))
             while not stage.idle:
                 stage.iterate()
+            talker.precapture()
         loop.sm.activate(None)
     stage.emit = events.put
     info = {
