@@ -293,3 +293,140 @@ def test_window_view_matches_hiding_from_the_whole_queue(hs_env, make_scheduler,
     assert traces[0] == traces[1]
     assert sum(len(new) for new, _, _ in traces[0]) > 30  # the workload did schedule things
     assert any(resumed for _, resumed, _ in traces[0])  # and preempted ones came back
+
+
+# -- urgent-prefill boost ---------------------------------------------------------------------
+# Default ladder: levels [32, 48, 64, 80], S_aggr = S_tot = 132. No NVML on CPU: unknown
+# pressure, so the cap while the talker runs is S_cap = 80 (level 3), headroom 52.
+CAP, HEADROOM, AGGR = 80, 52, 132
+
+
+def talker_busy(clock: Any) -> Any:
+    """Mark the talker's slot active (2 requests); returns the control record."""
+    from horizonserve.runtime.engine.vllm_omni import shared
+
+    record = shared.control_record()
+    record.downstream_writer(0).set_active(2, clock.now_ns)
+    return record
+
+
+def published(record: Any) -> tuple[int, int, int]:
+    d = record.read_decision()
+    return d.shared_sms, d.downstream_sms, d.level_index
+
+
+@pytest.mark.parametrize("kind", ["omni_ar", "omni_ar_async"])
+def test_a_step_prefilling_a_short_path_prompt_runs_on_s_aggr(build, clock, kind):
+    sched, config = build(kind, max_num_seqs=8)
+    record = talker_busy(clock)
+    add(sched, config, clock, [("S0", TEXT, 0), ("L1", SPEECH, 0)])
+    out, _ = run_step(sched)  # step 0, a short-path phase: S0 only
+    assert new_ids(out) == ["S0"]
+    # The whole forward on S_aggr; the headroom and level the talker follows stay the cap's.
+    assert published(record) == (AGGR, HEADROOM, 3)
+    assert sched.horizon.last_decision.sm.shared == CAP
+    out, _ = run_step(sched)  # step 1: no short-path work left, L1 (relaxed) prefills
+    assert new_ids(out) == ["L1"] and published(record) == (CAP, HEADROOM, 3)
+    out, _ = run_step(sched)  # decodes only
+    assert not new_ids(out) and published(record) == (CAP, HEADROOM, 3)
+
+
+@pytest.mark.parametrize(
+    ("specs", "control", "expected"),
+    [
+        ([("L0", SPEECH, 0), ("L1", SPEECH, 2.0)], {}, CAP),  # relaxed long-path prompts
+        ([("L0", SPEECH, 0), ("L1", SPEECH, 8.0)], {}, AGGR),  # L1 protected (1 s of slack)
+        ([("S0", TEXT, 0)], {"urgent_prefill_boost": False}, CAP),  # boost off
+    ],
+    ids=["relaxed-long-path", "protected-long-path", "boost-off"],
+)
+def test_only_urgent_prompts_raise_the_step_above_the_cap(build, clock, specs, control, expected):
+    sched, config = build(max_num_seqs=8, control=control)
+    record = talker_busy(clock)
+    add(sched, config, clock, specs)
+    out, _ = run_step(sched)
+    assert new_ids(out) == [rid for rid, _, _ in specs]
+    assert published(record) == (expected, HEADROOM, 3)
+    assert sched.horizon.last_shared_sms == expected
+
+
+def test_boost_off_publishes_what_the_policy_decided(build, clock):
+    """With urgent_prefill_boost=False every published split is the policy's own decision."""
+    sched, config = build(max_num_seqs=8, control={"urgent_prefill_boost": False})
+    record = talker_busy(clock)
+    add(sched, config, clock, [("S0", TEXT, 0), ("L1", SPEECH, 8.0)], n=300)
+    for _ in range(4):  # chunked prefills, then decodes
+        run_step(sched)
+        sm = sched.horizon.last_decision.sm
+        assert sm.prefill == sm.shared == CAP
+        assert published(record) == (sm.shared, sm.downstream, sm.level)
+
+
+def test_chunk_continuations_of_an_urgent_prompt_stay_boosted(build, clock):
+    # 300-token prompt, 256-token budget: chunks of 256 and 44, then decodes.
+    sched, config = build(max_num_seqs=8, max_num_batched_tokens=256)
+    record = talker_busy(clock)
+    add(sched, config, clock, [("S0", TEXT, 0)], n=300)
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"S0": 256} and published(record)[0] == AGGR
+    out, _ = run_step(sched)
+    assert not new_ids(out) and out.num_scheduled_tokens == {"S0": 44}
+    assert published(record)[0] == AGGR
+    out, _ = run_step(sched)
+    assert out.num_scheduled_tokens == {"S0": 1} and published(record)[0] == CAP
+
+
+def test_a_resumed_request_with_output_recomputes_at_the_cap(build, clock):
+    """Its prompt already gave its first token: the recompute serves decode, not TTFT."""
+    sched, config = build(max_num_seqs=8)
+    record = talker_busy(clock)
+    add(sched, config, clock, [("S0", TEXT, 0)])
+    for _ in range(3):
+        run_step(sched)
+    sched.reset_prefix_cache(reset_running_requests=True)  # real preemption back to waiting
+    out, _ = run_step(sched)
+    assert resumed_ids(out) == ["S0"], (resumed_ids(out), new_ids(out))
+    assert published(record)[0] == CAP
+
+
+def _reference_sms(sched: Any, out: Any, now: float) -> int:
+    """The boost from a scan of the whole batch: new requests and cached ones still without
+    output (prompt chunks, resumed before any output) are the prompts prefilled this step."""
+    sm = sched.horizon.last_decision.sm
+    cached = out.scheduled_cached_reqs
+    rids = [d.req_id for d in out.scheduled_new_reqs]
+    rids += [rid for rid in cached.req_ids if cached.is_context_phase(rid)]
+    sigs = [sched.requests[rid]._hs_sig for rid in rids]
+    urgent = any(not s.long_path or now > s.protect_at for s in sigs)
+    return sm.prefill if urgent else sm.shared
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_boost_tracking_matches_a_scan_of_the_whole_batch(build, clock, seed):
+    """Random arrivals (prompts up to 3 chunks), aborts and preemptions while the talker runs:
+    the O(new + chunked) tracking publishes what a full scan of every step's batch gives."""
+    from vllm.v1.request import RequestStatus
+
+    sched, config = build(max_num_seqs=4, num_blocks=60, max_num_batched_tokens=64)
+    record = talker_busy(clock)
+    rng = random.Random(seed)
+    seen = set()
+    for step in range(80):
+        for _ in range(rng.choice([0, 0, 0, 1, 2])):
+            prio = rng.choice([TEXT, SPEECH, SPEECH])
+            add(sched, config, clock, [(f"R{step}-{rng.random():.6f}", prio,
+                                        rng.choice([0.0, 2.0, 8.0]))],
+                n=rng.randint(4, 150))  # fmt: skip
+        roll = rng.random()
+        if roll < 0.05 and sched.running:
+            sched.reset_prefix_cache(reset_running_requests=True)
+        elif roll < 0.1 and sched.waiting:
+            victim = rng.choice(list(sched.waiting))
+            sched.finish_requests([victim.request_id], RequestStatus.FINISHED_ABORTED)
+        record.downstream_writer(0).set_active(2, clock.now_ns)  # heartbeat
+        out = sched.schedule()
+        assert published(record)[0] == _reference_sms(sched, out, clock.now), step
+        seen.add(published(record)[0])
+        sched.update_from_output(out, fake_model_output(sched, out))
+        clock.advance(0.01)
+    assert seen == {CAP, AGGR}

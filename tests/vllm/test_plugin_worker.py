@@ -103,6 +103,20 @@ def test_downstream_stage_takes_the_complement_and_the_whole_gpu_when_the_thinke
     assert sm.target_sms(record.read_decision(), clock.now_ns) == 132
 
 
+def test_a_boosted_forward_moves_the_shared_stage_only(record, clock):
+    """Urgent-prefill boost: the shared stage publishes S_aggr for one forward with the cap's
+    headroom and level; the downstream stage keeps following the headroom."""
+    shared_sm, shared_log = control("shared", record, clock)
+    down_sm, down_log = control("downstream", record, clock)
+    writer = record.decision_writer()
+    for shared_sms in (80, 132, 80):  # capped, boosted (level 3 still), capped
+        writer.publish(shared_sms, 52, 3, 0.9, 0.9, clock.now_ns)
+        shared_sm.before_forward()
+        down_sm.before_forward()
+    assert shared_log == [80, 132, 80]
+    assert down_log == [52]  # one switch: from the whole GPU to the complement of the cap
+
+
 @pytest.mark.parametrize(
     ("level", "shared_sms", "downstream_sms"),
     [("cap", 80, 52), ("aggressive", 132, 8), ("full", 132, 132)],

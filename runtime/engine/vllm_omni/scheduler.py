@@ -9,14 +9,20 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      so in O(1) per change; a cheap length check triggers a full audit only when the queues
      changed behind the hooks' back;
   2. `policy.step(now, downstream_active=<control record>, pressure_sample=<NVML>)` gives the
-     queue view and the SM split; the split is published in the control record;
+     queue view and the SM split;
   3. Omni's own gates run (`OmniARScheduler.schedule`), then — between them and vLLM's
      `Scheduler.schedule` — the view is applied: `waiting` / `skipped_waiting` are swapped for
      queues holding only the visible requests (at most `free slots + margin` of `waiting`, in
      queue order), vLLM's scheduler runs on them, and the originals are restored exactly:
      taken requests leave, requests the base scheduler put back (preempted, skipped) go to the
      front as it left them, every other request keeps its original position;
-  4. requests the base scheduler took are `dequeue`d.
+  4. requests the base scheduler took are `dequeue`d;
+  5. the split is published in the control record, which the workers read before the forward.
+     vLLM runs a step's prefills and decodes in one forward, so the shared count published is
+     `policy.prefill_sms`: S_aggr when the step prefills an urgent prompt (short-path, or
+     protected by now) toward its first token — new, resumed before any output, or a chunk
+     continuation — else the cap; the downstream headroom stays as decided, so downstream
+     stages keep their level (urgent-prefill boost, `ControlParams.urgent_prefill_boost`).
 
 The view hook sits *inside* `OmniARScheduler.schedule()` (the class `_ViewHook` is placed
 between Omni's scheduler and vLLM's in the MRO), exactly where Omni's own whole-queue deferral
@@ -59,6 +65,7 @@ from horizonserve.runtime.engine.vllm_omni.stamps import (
 from horizonserve.runtime.monitor import ControlRecord, RequestTable
 from horizonserve.runtime.policy import SchedulingPolicy, StepDecision, make_policy
 from horizonserve.runtime.profiler import InputFeatures, RequestSignals
+from horizonserve.runtime.spatial import SpatialController
 from horizonserve.runtime.temporal import Phase, StepView
 
 log = logging.getLogger(__name__)
@@ -142,11 +149,21 @@ class SharedStageController:
         self.n_short_prefill = 0
         self.n_long_prefill = 0
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
+        # Urgent-prefill boost: only a throttling policy has a cap to rise above.
+        self._boost = config.control.urgent_prefill_boost and isinstance(
+            self.policy.spatial, SpatialController
+        )
+        # Requests whose prompt is partly computed (chunked prefill), by id: the only running
+        # requests whose next chunk may carry an urgent prefill.
+        self._chunked: dict[str, Any] = {}
+        self._step_ns = 0
+        self._sample: float | None = None
         # Diagnostics (tests, bench).
         self.steps = 0
         self.audits = 0
         self.swaps = 0
         self.last_decision: StepDecision | None = None
+        self.last_shared_sms = config.ladder.aggressive  # SMs published for the last forward
         self.last_visible: list[str] = []
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
@@ -234,6 +251,8 @@ class SharedStageController:
 
     def on_free(self, request: Any) -> None:
         """`request` finished or was aborted."""
+        if self._chunked:
+            self._chunked.pop(request.request_id, None)
         sig = _sig(request)
         if sig is not None and sig.waiting:
             self._leave(request, sig)
@@ -263,7 +282,7 @@ class SharedStageController:
 
     # -- one step ------------------------------------------------------------------------------
     def begin_step(self, sched: Any) -> StepDecision:
-        """Signals, view and SM split for this step; publishes the split."""
+        """Signals, view and SM split for this step (published by `end_step`)."""
         now_ns = self.clock_ns()
         queued = len(sched.waiting) + len(sched.skipped_waiting)
         if queued - len(self.waiting) != self._gap:
@@ -276,14 +295,65 @@ class SharedStageController:
         decision = self.policy.step(
             now_ns * 1e-9, downstream_active=active > 0, pressure_sample=sample
         )
-        if self.writer is not None:
-            sm = decision.sm
-            smoothed = _NAN if decision.pressure is None else decision.pressure
-            raw = _NAN if sample is None else sample
-            self.writer.publish(sm.shared, sm.downstream, sm.level, smoothed, raw, now_ns)
+        self._step_ns, self._sample = now_ns, sample
         self.steps += 1
         self.last_decision = decision
         return decision
+
+    def end_step(self, sched: Any, out: Any) -> int:
+        """Publish the step's split once its batch is known; returns the shared SMs published.
+
+        The shared count is `policy.prefill_sms` over the prompts the step prefills (the whole
+        forward, prefill and decode, runs on it); downstream headroom and level stay as
+        `begin_step` decided them.
+        """
+        decision = self.last_decision
+        assert decision is not None
+        sm = decision.sm
+        sms = sm.shared
+        if self._boost:
+            prompts = self._prefill_prompts(sched, out)  # every step: keeps `_chunked` current
+            if prompts and sm.prefill != sm.shared:
+                sms = self.policy.prefill_sms(sm, prompts, self._step_ns * 1e-9)
+        self.last_shared_sms = sms
+        if self.writer is not None:
+            smoothed = _NAN if decision.pressure is None else decision.pressure
+            raw = _NAN if self._sample is None else self._sample
+            self.writer.publish(sms, sm.downstream, sm.level, smoothed, raw, self._step_ns)
+        return sms
+
+    def _prefill_prompts(self, sched: Any, out: Any) -> list[RequestSignals]:
+        """Signals of the prompts this step prefills toward their first token: new requests,
+        resumed ones without output yet and chunk continuations (a resumed request that has
+        output recomputes for its decode, not for a first token). O(new + resumed + chunked).
+        """
+        chunked = self._chunked
+        new = out.scheduled_new_reqs
+        resumed = getattr(out.scheduled_cached_reqs, "resumed_req_ids", None)
+        if not new and not resumed and not chunked:
+            return []  # decode-only step (the common case under a full batch)
+        rids = [data.req_id for data in new]
+        if resumed:
+            rids.extend(resumed)
+        if chunked:
+            scheduled = out.num_scheduled_tokens
+            rids.extend(rid for rid in chunked if rid in scheduled)
+        requests = sched.requests
+        prompts: list[RequestSignals] = []
+        for rid in rids:
+            request = requests.get(rid)
+            sig = None if request is None else request.__dict__.get(SIG_ATTR)
+            if sig is None or request.num_output_tokens:
+                chunked.pop(rid, None)
+                continue
+            # num_computed_tokens already counts this step's tokens (vLLM advances it in
+            # schedule()): below the prompt, the next step continues this prefill.
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                chunked[rid] = request
+            else:
+                chunked.pop(rid, None)
+            prompts.append(sig)
+        return prompts
 
     def _may_hide(self, view: StepView) -> bool:
         """False when the view certainly hides nothing and keeps queue order (O(1))."""
@@ -355,11 +425,13 @@ class SharedStageController:
         if token is None:
             out = base_schedule(throttle)
             self._dequeue_scheduled(sched, out)
-            return out
-        try:
-            return base_schedule(throttle)
-        finally:
-            self.restore(sched, token)
+        else:
+            try:
+                out = base_schedule(throttle)
+            finally:
+                self.restore(sched, token)
+        self.end_step(sched, out)
+        return out
 
     def _dequeue_scheduled(self, sched: Any, out: Any) -> None:
         """Requests the base scheduler took from the real queues: O(admitted)."""

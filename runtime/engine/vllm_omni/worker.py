@@ -7,10 +7,14 @@ from the control record (one seqlock read) and activates the matching level. Act
 makes its stream current through `torch.cuda.set_stream`, which vLLM patches to track its own
 `current_stream()`, so the model runner's kernels (and CUDA-graph replays) go to that stream.
 
-* the shared stage (stage 0) takes `shared_sms` (S_aggr until the first decision);
+* the shared stage (stage 0) takes `shared_sms` (S_aggr until the first decision): the cap,
+  or S_aggr for a forward that prefills an urgent prompt (urgent-prefill boost, see
+  `scheduler.py`);
 * a downstream stage takes `downstream_sms` on the complementary SMs (partition "complement":
-  disjoint from the shared stage's at every split); while the shared stage is idle (its
-  decision older than `HORIZONSERVE_VLLM_MAX_AGE_S`) it takes the whole GPU.
+  disjoint from the shared stage's at every cap); it follows the published headroom, never
+  `shared_sms`, so a boosted shared forward (which overlaps its SMs, shared as MPS clients)
+  does not move it. While the shared stage is idle (its decision older than
+  `HORIZONSERVE_VLLM_MAX_AGE_S`) it takes the whole GPU.
 
 CUDA graphs: vLLM captures inside `graph_capture()`, which makes a fresh side stream of the
 primary context current, so entering a level is not enough. During `compile_or_warm_up_model`
@@ -115,7 +119,8 @@ class SmControl:
             return self.total  # the shared stage is idle: the whole GPU
         if decision.downstream_sms >= self.total:
             return self.total  # uncapped policy (baselines)
-        return self.own.get(decision.shared_sms, max(decision.downstream_sms, FLOOR_SMS))
+        # = complement(cap): the published headroom is S_tot − cap (0 at S_aggr = S_tot).
+        return max(decision.downstream_sms, FLOOR_SMS)
 
     def activate_sms(self, sms: int) -> None:
         self.contexts.activate(self.index.get(sms, self.full_index))
