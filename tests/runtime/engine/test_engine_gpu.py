@@ -54,7 +54,6 @@ def test_tiny_pipeline_caps_the_shared_stage_while_downstream_runs() -> None:
 
 def test_precapture_covers_every_bucket_and_replays_match_eager() -> None:
     from horizonserve.runtime.engine.reference.ar import ArExecutor
-    from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
     from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
     from horizonserve.runtime.engine.reference.presets import THINKER_TINY, StageLimits
 
@@ -63,9 +62,20 @@ def test_precapture_covers_every_bucket_and_replays_match_eager() -> None:
     model = materialize(lambda: DecoderLM(THINKER_TINY), torch.device("cuda:0"), torch.float32)
     graphed = ArExecutor(model, limits, keep_hidden=False, graphs=True)
     eager = ArExecutor(model, limits, keep_hidden=False, graphs=False)
-    n = graphed.precapture()
-    assert n == len(graphed.batch_buckets) * len(graphed.ctx_buckets)
-    assert graphed.precapture() == 0  # idempotent per stream
+    # Graphs are captured on a non-default stream, as the engine's SM levels always are.
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        n = graphed.precapture()
+        assert n == len(graphed.batch_buckets) * len(graphed.ctx_buckets)
+        assert graphed.precapture() == 0  # idempotent per stream
+        runs = _decode_both(graphed, eager, limits)
+    assert graphed.graph_captures == n and graphed.graph_replays == 12  # no capture at serving
+    assert runs[0] == runs[1]
+
+
+def _decode_both(graphed, eager, limits):  # type: ignore[no-untyped-def]
+    from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
+
     runs = []
     for ex in (graphed, eager):
         batcher = ContinuousBatcher(limits)
@@ -75,5 +85,4 @@ def test_precapture_covers_every_bucket_and_replays_match_eager() -> None:
         for _ in range(12):
             ex.decode(seqs)
         runs.append([s.last_token for s in seqs])
-    assert graphed.graph_captures == n and graphed.graph_replays == 12  # no capture at serving
-    assert runs[0] == runs[1]
+    return runs
