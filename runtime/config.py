@@ -226,6 +226,11 @@ class ControlParams(_Model):
         "compute-bound, so the cap stretches tight TTFT targets without saving the memory "
         "bandwidth it is there to leave to downstream stages.",
     )
+    backlog_lift: bool = Field(
+        True,
+        description="While the shared stage's running set is full and requests wait, run it on "
+        "S_aggr SMs: it is then the bottleneck, and the cap only lengthens its queue.",
+    )
     protect_past_deadline: bool = Field(
         False,
         description="Keep protecting a waiting request after its deadline passed. Off: once "

@@ -84,12 +84,20 @@ class SchedulingPolicy:
 
     # -- one scheduling step ------------------------------------------------------------------
     def step(
-        self, now: float, *, downstream_active: bool, pressure_sample: float | None = None
+        self,
+        now: float,
+        *,
+        downstream_active: bool,
+        pressure_sample: float | None = None,
+        backlog: bool = False,
     ) -> StepDecision:
-        """Refresh signals, build the view, select the SM split (Algorithm 1, steps 1–3)."""
+        """Refresh signals, build the view, select the SM split (Algorithm 1, steps 1–3).
+
+        `backlog`: the engine's running set is full while requests wait for a place.
+        """
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
-        return StepDecision(view, self.spatial.select(downstream_active), pressure)
+        return StepDecision(view, self.spatial.select(downstream_active, backlog), pressure)
 
     @staticmethod
     def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:

@@ -12,6 +12,12 @@ compute-bound, so an iteration whose prefill carries an urgent prompt (see
 `SchedulingPolicy.prefill_sms`) may run that prefill at `SmDecision.prefill` = S_aggr while its
 decode keeps the cap; the downstream headroom published for the step does not change.
 
+Backlog lift: the cap assumes the shared stage has time to spare. When its running set is full
+and requests wait for a place (`backlog`), it is the bottleneck instead, and capped decode
+(58 % slower at 64 SMs with a batch of ~30 on the H200) only lengthens the queue; the step then
+runs at S_aggr (level LIFTED) until the backlog clears. The published downstream headroom is 0,
+and a downstream stage keeps its guaranteed S_tot − S_cap.
+
 Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
 the setting that protects short-path requests most while still bounding the shared stage.
 """
@@ -25,6 +31,7 @@ from horizonserve.runtime.config import ControlParams, SmLadder
 
 AGGRESSIVE = -1  # level index meaning "S_aggr, no downstream stage active"
 UNCAPPED = -2  # level index meaning "whole GPU, no throttling"
+LIFTED = -3  # level index meaning "S_aggr while co-running: the shared stage is backlogged"
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,7 +75,17 @@ def snap(levels: list[int], target: float) -> int:
 class SpatialController:
     """Bandwidth-guided SM throttling with hysteresis."""
 
-    __slots__ = ("_boost", "_control", "_hyst", "_ladder", "_levels", "_prev", "_span", "ewma")
+    __slots__ = (
+        "_boost",
+        "_control",
+        "_hyst",
+        "_ladder",
+        "_levels",
+        "_lift",
+        "_prev",
+        "_span",
+        "ewma",
+    )
 
     def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
         self._ladder = ladder
@@ -77,6 +94,7 @@ class SpatialController:
         self._span = ladder.s_cap - ladder.s_min
         self._hyst = control.hysteresis_steps
         self._boost = control.urgent_prefill_boost
+        self._lift = control.backlog_lift
         self.ewma = PressureEwma(control.ewma_gamma)
         self._prev: SmDecision | None = None
 
@@ -102,12 +120,14 @@ class SpatialController:
         # Hysteresis: move only when the snapped target is at least h ladder steps away.
         return target if abs(target - prev.level) >= self._hyst else prev.level
 
-    def select(self, downstream_active: bool) -> SmDecision:
-        """The shared-stage SM cap for this step (Eq. 1 with hysteresis)."""
+    def select(self, downstream_active: bool, backlog: bool = False) -> SmDecision:
+        """The shared-stage SM cap for this step (Eq. 1 with hysteresis, backlog lift)."""
         prev = self._prev
         ladder = self._ladder
         if not downstream_active:
             level, shared = AGGRESSIVE, ladder.aggressive
+        elif backlog and self._lift:
+            level, shared = LIFTED, ladder.aggressive
         else:
             raw = ladder.s_min + self.rho() * self._span
             level = self._target_level(raw, prev)
@@ -136,5 +156,5 @@ class UncappedSpatial:
     def observe(self, sample: float | None) -> float | None:
         return self.ewma.update(sample)
 
-    def select(self, downstream_active: bool) -> SmDecision:
+    def select(self, downstream_active: bool, backlog: bool = False) -> SmDecision:
         return self._decision

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from horizonserve.runtime.config import ControlParams, SmLadder
 from horizonserve.runtime.spatial import (
     AGGRESSIVE,
+    LIFTED,
     PressureEwma,
     SpatialController,
     UncappedSpatial,
@@ -111,3 +112,19 @@ def test_uncapped_gives_whole_gpu() -> None:
 
 def test_snap_picks_nearest_level() -> None:
     assert [snap([32, 48, 64], x) for x in (0, 39, 40, 41, 63, 100)] == [0, 0, 0, 1, 2, 2]
+
+
+def test_backlog_lifts_the_cap_to_s_aggr_only_while_co_running() -> None:
+    ctl = SpatialController(LADDER, ControlParams())
+    ctl.observe(0.3)
+    capped = ctl.select(True)
+    assert capped.shared <= LADDER.s_cap
+    lifted = ctl.select(True, backlog=True)
+    assert (lifted.shared, lifted.level, lifted.changed) == (LADDER.aggressive, LIFTED, True)
+    assert lifted.downstream == LADDER.total - LADDER.aggressive
+    assert lifted.prefill == lifted.shared
+    assert ctl.select(True) == capped  # backlog cleared: straight back to Eq. (1)'s level
+    assert ctl.select(False, backlog=True).level == AGGRESSIVE
+    off = SpatialController(LADDER, ControlParams(backlog_lift=False))
+    off.observe(0.3)
+    assert off.select(True, backlog=True).shared == capped.shared

@@ -23,7 +23,7 @@ from horizonserve.runtime.engine.reference.protocol import (  # noqa: E402
 )
 from horizonserve.runtime.engine.reference.stages.shared import SharedStage  # noqa: E402
 from horizonserve.runtime.policy import StepDecision, make_policy  # noqa: E402
-from horizonserve.runtime.spatial import AGGRESSIVE  # noqa: E402
+from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED  # noqa: E402
 
 PRESET = get_preset("tiny")
 
@@ -207,6 +207,18 @@ def test_abort_frees_slots_and_the_policy_index(model: DecoderLM) -> None:
     assert h.stage.idle  # arrived before the cut: dropped on arrival
     h.submit("new", 0)
     assert not h.stage.idle and h.stage.abort(cut) == 0
+
+
+def test_full_running_set_with_waiting_requests_lifts_the_cap(model: DecoderLM) -> None:
+    h = Harness(model, "horizon", active=1)
+    slots = PRESET.thinker_limits.max_batch
+    for i in range(slots + 1):
+        h.submit(f"r{i}", 0, output_tokens=20)
+    h.stage.iterate()  # admits `slots` prompts; one waits for a place
+    assert len(h.stage.batcher.running) == slots and h.stage.waiting
+    h.stage.iterate()
+    assert h.published[-1].sm.level == LIFTED
+    assert h.activated[-1] is None  # S_aggr is the whole GPU here
 
 
 def test_unknown_class_is_reported_not_fatal(model: DecoderLM) -> None:

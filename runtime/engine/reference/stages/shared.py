@@ -162,7 +162,11 @@ class SharedStage:
         now = self._clock()
         active = self._downstream_active()
         sample = self._pressure()
-        decision = self.policy.step(now, downstream_active=active > 0, pressure_sample=sample)
+        batcher = self.batcher
+        backlog = bool(self.waiting) and len(batcher.running) >= batcher.limits.max_batch
+        decision = self.policy.step(
+            now, downstream_active=active > 0, pressure_sample=sample, backlog=backlog
+        )
         sm = decision.sm
         self._publish(decision, sample)
 
