@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from campaign import ABLATIONS, LABELS, MAIN, item_summary
+from campaign import ABLATIONS, ALL, LABELS, MAIN, item_summary
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps")
 COLORS = {
@@ -168,7 +168,35 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
         if v["reps"] > 1
     }
     out["control"] = control_correlation(data)
+    out["control_path"] = control_path(data)
     out["sim"] = sim_errors(data, points)
+    return out
+
+
+def control_path(data: dict[str, Any]) -> dict[str, Any]:
+    """The shared stage's control path per step, timed inside the engine on the device (trace
+    column `control_s`: pressure sample, downstream read, policy step, publish, batch
+    formation), per system over every item that has it; `tax` = its share of the step time
+    (control + prefill + decode)."""
+    by_system: dict[str, list[tuple[float, float]]] = {}
+    for it in data["items"].values():
+        ix = {c: i for i, c in enumerate(it["columns"])}
+        if "control_s" not in ix:
+            continue
+        rows = by_system.setdefault(it["meta"]["system"], [])
+        for r in it["rows"]:
+            ctl = r[ix["control_s"]]
+            rows.append((ctl, ctl + r[ix["prefill_s"]] + r[ix["decode_s"]]))
+    out: dict[str, Any] = {}
+    for system, rows in by_system.items():
+        ctl = sorted(c for c, _ in rows)
+        out[system] = {
+            "steps": len(rows),
+            "p50_us": 1e6 * ctl[len(ctl) // 2],
+            "p95_us": 1e6 * ctl[min(len(ctl) - 1, int(0.95 * len(ctl)))],
+            "mean_us": 1e6 * statistics.fmean(ctl),
+            "tax_pct": 100 * sum(ctl) / sum(t for _, t in rows),
+        }
     return out
 
 
@@ -437,6 +465,23 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
             lines.append(
                 f"| {k} | {_p(r['measured'])} | {_p(r['simulated'])} ({seeds}) | "
                 f"{r['error_pp']:+.1f} |"
+            )
+        lines.append("")
+    if m["control_path"]:
+        lines += [
+            "## Control path inside the engine (measured on the device, per shared-stage step)",
+            "",
+            "Pressure sample + downstream read + policy step + publish + batch formation, "
+            "before the GPU work; `share of step` = its sum over the step time (control + "
+            "prefill + decode), the throughput the controller costs the shared stage.",
+            "",
+            "| system | steps | p50 µs | p95 µs | mean µs | share of step % |",
+            "|---|---|---|---|---|---|",
+        ]
+        for system, v in sorted(m["control_path"].items(), key=lambda kv: ALL.index(kv[0])):
+            lines.append(
+                f"| {LABELS[system]} | {v['steps']} | {v['p50_us']:.1f} | {v['p95_us']:.1f} | "
+                f"{v['mean_us']:.1f} | {v['tax_pct']:.2f} |"
             )
         lines.append("")
     if data["overhead"]:
