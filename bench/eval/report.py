@@ -497,6 +497,15 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _long_share(plan: dict[str, Any], pid: str) -> float:
+    """Long-path share of a point's mix, in % (the sweep's value, or the default mix's)."""
+    point = plan["points"][pid]
+    if point["long_ratio"] is not None:
+        return 100 * point["long_ratio"]
+    long = {c["name"] for c in plan["serving_config"]["slo"]["classes"] if c["path"] == "long"}
+    return 100 * sum(w for c, w in point["mix"].items() if c in long)
+
+
 def _point_key(pid: str) -> tuple[float, float]:
     rate, _, lr = pid.partition("-l")
     return (float(lr) if lr else -1.0, float(rate[1:]))
@@ -516,6 +525,10 @@ def plots(data: dict[str, Any], m: dict[str, Any], run: Path) -> list[str]:
     # Figure 8: attainment. Curves once a sweep has ≥ 2 points, bars per point always.
     rate_pts = [p for p in pts if "-l" not in p]
     long_pts = [p for p in pts if "-l" in p]
+    # The default mix at the long sweep's rate is one more point of that sweep.
+    long_rates = {data["plan"]["points"][p]["rate"] for p in long_pts}
+    long_pts += [p for p in rate_pts if data["plan"]["points"][p]["rate"] in long_rates]
+    long_pts.sort(key=lambda p: _long_share(data["plan"], p))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for ax, group, xlab in ((axes[0], rate_pts, "rate"), (axes[1], long_pts, "long")):
         systems = [s for s in MAIN if any(s in m["points"][p] for p in group)]
@@ -524,7 +537,9 @@ def plots(data: dict[str, Any], m: dict[str, Any], run: Path) -> list[str]:
                 xs, ys = [], []
                 for p in group:
                     if s in m["points"][p]:
-                        xs.append(_point_key(p)[1] if xlab == "rate" else _point_key(p)[0])
+                        xs.append(
+                            _point_key(p)[1] if xlab == "rate" else _long_share(data["plan"], p)
+                        )
                         ys.append(100 * m["points"][p][s]["attainment"])
                 ax.plot(xs, ys, "o-", color=COLORS[s], label=LABELS[s])
             ax.set_xlabel("arrival rate (req/s)" if xlab == "rate" else "long-path share (%)")
