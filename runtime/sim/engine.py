@@ -2,17 +2,21 @@
 
 Processes that co-run on the simulated GPU:
   * the shared stage: back-to-back iterations while it has work. Each iteration is one
-    scheduling opportunity: `policy.step(now, downstream_active=…, pressure_sample=…)` (the
-    control core's own object), then the base scheduler (`sim.shared`) builds the batch from the
-    policy's view, and the iteration lasts `SharedCost.iteration_s` at the SM cap the policy
-    chose, slowed by co-running when a downstream stage is active. When the batch's prefill
-    carries an urgent prompt (`policy.prefill_sms`: short-path, or protected by now; chunk
-    continuations included) the prefill part runs on S_aggr, overlapping the downstream's SMs
-    as under MPS, and the decode part at the cap (`SharedCost.boosted_iteration_s`); one extra
-    event at the end of that prefill part re-rates the downstream stages;
+    scheduling opportunity: `policy.step(now, downstream_active=…, pressure_sample=…,
+    backlog=…)` (the control core's own object), then the base scheduler (`sim.shared`) builds
+    the batch from the policy's view, and the iteration lasts `SharedCost.iteration_s` at the
+    SM cap the policy chose, slowed by co-running when a downstream stage is active. When the
+    batch's prefill carries an urgent prompt (`policy.prefill_sms`: short-path, or protected by
+    now; chunk continuations included) the prefill part runs on S_aggr, overlapping the
+    downstream's SMs as under MPS, and the decode part at the cap
+    (`SharedCost.boosted_iteration_s`); one extra event at the end of that prefill part
+    re-rates the downstream stages. While the running list is full and requests wait
+    (`backlog`), a co-running iteration is lifted to S_aggr (level LIFTED): all of it overlaps
+    the downstream's SMs as under MPS, and the downstream stages keep S_tot − S_cap;
   * the downstream stages (`sim.downstream`), fluid batch servers whose step time depends on
-    their SM share (S_tot − cap under HorizonServe's partition while the shared stage runs, the
-    whole GPU otherwise) and on whether the shared stage is running.
+    their SM share (S_tot − cap under HorizonServe's partition while the shared stage runs,
+    S_tot − S_cap while it is lifted, the whole GPU otherwise) and on whether the shared stage
+    is running.
 The memory-pressure sample handed to the policy at each step is the artifact's pressure model
 for what ran during the previous interval, plus seeded Gaussian noise.
 
@@ -41,7 +45,7 @@ from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
 from horizonserve.runtime.sim.trace import Trace
-from horizonserve.runtime.spatial import UNCAPPED, SmDecision
+from horizonserve.runtime.spatial import LIFTED, UNCAPPED, SmDecision
 
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
 _POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)
@@ -74,6 +78,7 @@ class Simulator:
         self.noise_sd = cal.pressure.noise_sd
         self.rng = random.Random(seed)
         self.total_sms = cal.ladder.total
+        self.lifted_down_sms = cal.ladder.headroom(cal.ladder.s_cap)  # S_tot − S_cap
         self.uncapped_sharing = self.system.uncapped_sharing
         self.events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
@@ -92,7 +97,8 @@ class Simulator:
         self.sms = self.total_sms
         self.down_sms = self.total_sms
         self.sharing = self.uncapped_sharing
-        self.prev_level: int | None = None
+        self.level: int | None = None  # the spatial level of the last decision
+        self.prev_decided_sms: int | None = None  # the last iteration's SMs (switch cost)
         self.prev_busy_until = -1.0  # end time of the last iteration
         self.prev_sms = self.total_sms
         self.responded = 0
@@ -107,6 +113,7 @@ class Simulator:
         # Statistics.
         self.iterations = 0
         self.boosted = 0  # iterations whose prefill ran above the cap
+        self.lifted = 0  # iterations lifted to S_aggr by a backlog while co-running
         self.events_done = 0
         self.busy_time = 0.0
         self.corun_time = 0.0
@@ -196,18 +203,36 @@ class Simulator:
             level += self.rng.gauss(0.0, self.noise_sd)
         return 0.0 if level < 0.0 else 1.0 if level > 1.0 else level
 
+    def _backlog(self) -> bool:
+        """No place for a waiting request: every sequence slot is taken. KV is reserved at
+        admission and (500k tokens for 16 sequences) does not bind first; the reference
+        engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count slots too."""
+        shared = self.shared
+        return bool(shared.waiting) and len(shared.running) >= shared.max_seqs
+
+    def _split(self, sm: SmDecision) -> tuple[int, int, Sharing]:
+        """(shared SMs, downstream SMs, sharing) of an iteration under decision `sm`."""
+        if sm.level == UNCAPPED:
+            return self.total_sms, self.total_sms, self.uncapped_sharing
+        if sm.level == LIFTED:
+            # S_aggr over the downstream's SMs (MPS clients under the Green Contexts, as a
+            # boosted prefill): the published headroom is 0, the downstream keeps S_tot − S_cap.
+            return sm.shared, self.lifted_down_sms, Sharing.MPS
+        return sm.shared, sm.downstream, Sharing.PARTITION
+
     def _start_iteration(self, now: float) -> None:
         shared = self.shared
         active = self._downstream_active()
         sample = self._sample(now)
-        dec = self.policy.step(now, downstream_active=active, pressure_sample=sample)
+        dec = self.policy.step(
+            now, downstream_active=active, pressure_sample=sample, backlog=self._backlog()
+        )
         sm = dec.sm
-        if sm.level == UNCAPPED:
-            sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing
-        else:
-            sms, down, sharing = sm.shared, sm.downstream, Sharing.PARTITION
-        switched = self.prev_level is not None and sm.level != self.prev_level
-        self.prev_level = sm.level
+        sms, down, sharing = self._split(sm)
+        # A Green Context switch is paid when the SM count changes (S_aggr ↔ LIFTED: none).
+        switched = self.prev_decided_sms is not None and sms != self.prev_decided_sms
+        self.prev_decided_sms = sms
+        self.level = sm.level
         batch = shared.form_batch(dec.view, self.policy)
         if not batch.seqs:
             self.busy = False
@@ -240,6 +265,8 @@ class Simulator:
         self.batch = batch
         self.sms, self.down_sms, self.sharing = sms, down, sharing
         self.iterations += 1
+        if sm.level == LIFTED:
+            self.lifted += 1
         self.busy_time += dur
         if active:
             self.corun_time += dur
@@ -443,6 +470,7 @@ class Simulator:
             "events": float(self.events_done),
             "iterations": float(self.iterations),
             "boosted_frac": self.boosted / self.iterations if self.iterations else 0.0,
+            "lifted_frac": self.lifted / self.iterations if self.iterations else 0.0,
             "shared_busy_frac": self.busy_time / sim_s,
             "corun_frac": self.corun_time / sim_s,
             "mean_cap_corun": self.cap_time / self.corun_time if self.corun_time else float("nan"),

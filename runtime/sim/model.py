@@ -15,6 +15,8 @@ prompt runs that prefill on S_aggr SMs, beyond its partition and over the downst
 its decode at the cap. HorizonServe's stage processes are MPS clients under the Green Contexts,
 so on the overlapped SMs the kernels of both run at the same time, as under MPS: the prefill pays
 the MPS co-run factor, the downstream keeps its S_tot − cap SMs and pays its MPS factor.
+A backlog-lifted iteration (level LIFTED) is the same overlap for the whole iteration:
+`iteration_s` at S_aggr with `Sharing.MPS`, the downstream on S_tot − S_cap with its MPS factor.
 """
 
 from __future__ import annotations
