@@ -45,11 +45,12 @@ from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
 from horizonserve.runtime.sim.trace import Trace
-from horizonserve.runtime.spatial import LIFTED, UNCAPPED, SmDecision
+from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED, UNCAPPED, SmDecision
 
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
 _POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)
 _TRACE_DT = 0.02  # control-trace resolution (s) unless the cap changes
+_PARTITION, _MPS = Sharing.PARTITION, Sharing.MPS  # hot path: no enum lookups
 
 
 class Simulator:
@@ -203,36 +204,31 @@ class Simulator:
             level += self.rng.gauss(0.0, self.noise_sd)
         return 0.0 if level < 0.0 else 1.0 if level > 1.0 else level
 
-    def _backlog(self) -> bool:
-        """No place for a waiting request: every sequence slot is taken. KV is reserved at
-        admission and (500k tokens for 16 sequences) does not bind first; the reference
-        engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count slots too."""
-        shared = self.shared
-        return bool(shared.waiting) and len(shared.running) >= shared.max_seqs
-
-    def _split(self, sm: SmDecision) -> tuple[int, int, Sharing]:
-        """(shared SMs, downstream SMs, sharing) of an iteration under decision `sm`."""
-        if sm.level == UNCAPPED:
-            return self.total_sms, self.total_sms, self.uncapped_sharing
-        if sm.level == LIFTED:
-            # S_aggr over the downstream's SMs (MPS clients under the Green Contexts, as a
-            # boosted prefill): the published headroom is 0, the downstream keeps S_tot − S_cap.
-            return sm.shared, self.lifted_down_sms, Sharing.MPS
-        return sm.shared, sm.downstream, Sharing.PARTITION
-
     def _start_iteration(self, now: float) -> None:
         shared = self.shared
         active = self._downstream_active()
         sample = self._sample(now)
+        # Backlog, "no place for a waiting request": every sequence slot is taken. KV is
+        # reserved at admission and (500k tokens for 16 sequences) does not bind first; the
+        # reference engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count
+        # slots too.
+        backlog = len(shared.running) >= shared.max_seqs and bool(shared.waiting)
         dec = self.policy.step(
-            now, downstream_active=active, pressure_sample=sample, backlog=self._backlog()
+            now, downstream_active=active, pressure_sample=sample, backlog=backlog
         )
         sm = dec.sm
-        sms, down, sharing = self._split(sm)
+        level = sm.level
+        if level >= AGGRESSIVE:  # a ladder level, or S_aggr with nothing co-running
+            sms, down, sharing = sm.shared, sm.downstream, _PARTITION
+        elif level == UNCAPPED:
+            sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing
+        else:  # LIFTED (the one level left): S_aggr over the downstream's SMs (MPS clients
+            # under the Green Contexts, as a boosted prefill); the downstream keeps S_tot − S_cap.
+            sms, down, sharing = sm.shared, self.lifted_down_sms, _MPS
         # A Green Context switch is paid when the SM count changes (S_aggr ↔ LIFTED: none).
         switched = self.prev_decided_sms is not None and sms != self.prev_decided_sms
         self.prev_decided_sms = sms
-        self.level = sm.level
+        self.level = level
         batch = shared.form_batch(dec.view, self.policy)
         if not batch.seqs:
             self.busy = False
@@ -265,7 +261,7 @@ class Simulator:
         self.batch = batch
         self.sms, self.down_sms, self.sharing = sms, down, sharing
         self.iterations += 1
-        if sm.level == LIFTED:
+        if level == LIFTED:
             self.lifted += 1
         self.busy_time += dur
         if active:
