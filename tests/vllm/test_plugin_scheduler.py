@@ -430,3 +430,77 @@ def test_boost_tracking_matches_a_scan_of_the_whole_batch(build, clock, seed):
         sched.update_from_output(out, fake_model_output(sched, out))
         clock.advance(0.01)
     assert seen == {CAP, AGGR}
+
+
+# -- backlog lift -----------------------------------------------------------------------------
+# While the talker runs and vLLM has no free place for a waiting request, the step runs on
+# S_aggr at level LIFTED; the published headroom is S_tot − S_aggr = 0 (workers keep S_tot −
+# S_cap, see test_plugin_worker.py).
+LIFTED, AGGRESSIVE, UNCAPPED = -3, -1, -2
+LIFT = (AGGR, 0, LIFTED)
+
+
+@pytest.mark.parametrize("kind", ["omni_ar", "omni_ar_async"])
+def test_a_full_running_set_with_requests_waiting_lifts_the_step(build, clock, kind):
+    sched, config = build(kind, max_num_seqs=2)
+    record = talker_busy(clock)
+    add(sched, config, clock, [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)])
+    out, _ = run_step(sched)  # places free: S0 and S1 admitted (boosted prefill, level 3)
+    assert new_ids(out) == ["S0", "S1"] and published(record) == (AGGR, HEADROOM, 3)
+    lifted = 0
+    while "S2" in ids(sched.waiting):
+        record.downstream_writer(0).set_active(2, clock.now_ns)  # heartbeat
+        out, _ = run_step(sched)
+        if new_ids(out):  # S0 and S1 finished last step: places free again, no lift
+            assert new_ids(out) == ["S2"] and published(record) == (AGGR, HEADROOM, 3)
+        else:  # both places taken, S2 waits
+            assert published(record) == LIFT and sched.horizon.last_decision.sm.level == LIFTED
+            lifted += 1
+    assert lifted == 15  # S0 and S1 decode their 15 remaining tokens, every step lifted
+    out, _ = run_step(sched)  # S2 decodes, nothing waits
+    assert published(record) == (CAP, HEADROOM, 3)
+
+
+@pytest.mark.parametrize(
+    ("policy", "control", "talker", "specs", "expected"),
+    [
+        ("horizon", {}, True, [("S0", TEXT, 0), ("S1", TEXT, 0)], (CAP, HEADROOM, 3)),
+        ("horizon", {}, False, [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)],
+         (AGGR, 0, AGGRESSIVE)),
+        ("horizon", {"backlog_lift": False}, True,
+         [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)], (CAP, HEADROOM, 3)),
+        ("fcfs", {}, True, [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)],
+         (AGGR, AGGR, UNCAPPED)),
+    ],
+    ids=["full-nothing-waits", "no-downstream", "lift-off", "uncapped-baseline"],
+)  # fmt: skip
+def test_no_lift_otherwise(build, clock, policy, control, talker, specs, expected):
+    """Step 1 runs with both places taken: lifted only with a waiting request, an active
+    downstream stage and a throttling policy that has the lift on."""
+    sched, config = build(policy=policy, control=control, max_num_seqs=2)
+    from horizonserve.runtime.engine.vllm_omni import shared
+
+    record = talker_busy(clock) if talker else shared.control_record()
+    add(sched, config, clock, specs)
+    run_step(sched)
+    out, _ = run_step(sched)
+    assert len(sched.running) == 2 and not new_ids(out)
+    assert published(record) == expected
+
+
+def test_a_paused_streaming_session_holds_a_place_but_does_not_wait_for_one(build, clock):
+    """vLLM counts a streaming session paused between inputs (in `skipped_waiting`) against
+    `max_num_running_reqs`; it waits for its next input, not for a place."""
+    sched, config = build(max_num_seqs=2)
+    record = talker_busy(clock)
+    session = stamped(config, "P0", 8, TEXT, clock.now_ns, max_tokens=1)
+    session.resumable = True  # a streaming-input session: pauses once its output is done
+    sched.add_request(session)
+    add(sched, config, clock, [("S1", TEXT, 0)])
+    run_step(sched)  # P0 and S1 admitted; P0 stops after its one token and pauses
+    assert ids(sched.skipped_waiting) == ["P0"] and sched.num_waiting_for_streaming_input == 1
+    run_step(sched)  # S1 running + P0 paused fill both places, but no one waits for one
+    assert published(record) == (CAP, HEADROOM, 3)
+    add(sched, config, clock, [("S2", TEXT, 0)])
+    out, _ = run_step(sched)  # now S2 waits: lifted, and S2 is not admitted
+    assert not new_ids(out) and published(record) == LIFT

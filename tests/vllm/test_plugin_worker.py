@@ -87,19 +87,19 @@ def test_downstream_stage_takes_the_complement_and_the_whole_gpu_when_the_thinke
     record, clock
 ):
     sm, log = control("downstream", record, clock)
-    # 132 - {132 (S_aggr, floored at 8), 80, 64, 48, 32}, and the whole GPU
-    assert list(sm.contexts.levels) == [8, 52, 68, 84, 100, 132]
+    # 132 - {80, 64, 48, 32}, and the whole GPU; at S_aggr the guaranteed 132 - S_cap = 52
+    assert list(sm.contexts.levels) == [52, 68, 84, 100, 132]
     sm.before_forward()  # no decision yet: whole GPU
     writer = record.decision_writer()
     writer.publish(48, 84, 1, 0.5, 0.5, clock.now_ns)
     sm.before_forward()
     writer.publish(132, 0, -1, 0.1, 0.1, clock.now_ns)  # no downstream work: thinker at S_aggr
-    sm.before_forward()
+    sm.before_forward()  # (this stage became active since): its guaranteed S_tot - S_cap
     clock.advance(3.0)  # thinker idle longer than HORIZONSERVE_VLLM_MAX_AGE_S (2 s)
     sm.before_forward()
     writer.publish(132, 132, -2, 0.1, 0.1, clock.now_ns)  # uncapped baseline policy
     sm.before_forward()
-    assert log == [132, 84, 8, 132]  # 8: the floor while the thinker holds every SM
+    assert log == [132, 84, 52, 132]  # 52: S_tot - S_cap while the thinker holds every SM
     assert sm.target_sms(record.read_decision(), clock.now_ns) == 132
 
 
@@ -117,9 +117,25 @@ def test_a_boosted_forward_moves_the_shared_stage_only(record, clock):
     assert down_log == [52]  # one switch: from the whole GPU to the complement of the cap
 
 
+def test_a_lifted_shared_stage_leaves_the_downstream_its_guaranteed_sms(record, clock):
+    """Backlog lift: the shared stage publishes S_aggr with level LIFTED (-3) and headroom
+    S_tot − S_aggr = 0; the downstream stage keeps S_tot − S_cap instead of dropping to the
+    8-SM floor (the two overlap as MPS clients)."""
+    shared_sm, shared_log = control("shared", record, clock)
+    down_sm, down_log = control("downstream", record, clock)
+    writer = record.decision_writer()
+    for decision in ((80, 52, 3), (132, 0, -3), (132, 0, -3), (64, 68, 2)):
+        writer.publish(*decision, 0.9, 0.9, clock.now_ns)
+        shared_sm.before_forward()
+        down_sm.before_forward()
+        assert down_sm.target_sms(record.read_decision(), clock.now_ns) >= 52
+    assert shared_log == [80, 132, 64]
+    assert down_log == [52, 68]  # no switch while lifted
+
+
 @pytest.mark.parametrize(
     ("level", "shared_sms", "downstream_sms"),
-    [("cap", 80, 52), ("aggressive", 132, 8), ("full", 132, 132)],
+    [("cap", 80, 52), ("aggressive", 132, 52), ("full", 132, 132)],
 )
 def test_capture_level(record, clock, level, shared_sms, downstream_sms):
     shared_ctl, _ = control("shared", record, clock, capture_level=level)

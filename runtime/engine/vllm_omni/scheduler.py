@@ -8,8 +8,14 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      `_preempt_request` (→ `requeue` as a continuation) and `_free_request` (→ `dequeue`) keep it
      so in O(1) per change; a cheap length check triggers a full audit only when the queues
      changed behind the hooks' back;
-  2. `policy.step(now, downstream_active=<control record>, pressure_sample=<NVML>)` gives the
-     queue view and the SM split;
+  2. `policy.step(now, downstream_active=<control record>, pressure_sample=<NVML>,
+     backlog=<no free slot while requests wait>)` gives the queue view and the SM split;
+     `backlog` is vLLM's own admission limit: `running` plus paused streaming sessions fill
+     `max_num_running_reqs` while `waiting` / `skipped_waiting` hold requests other than
+     those sessions (they wait for input, not for a place). The shared stage is then the
+     bottleneck and, with downstream stages active, the policy lifts it to S_aggr (level
+     LIFTED, published headroom S_tot − S_aggr; downstream workers keep their guaranteed
+     S_tot − S_cap, see `worker.py`; `ControlParams.backlog_lift`);
   3. Omni's own gates run (`OmniARScheduler.schedule`), then — between them and vLLM's
      `Scheduler.schedule` — the view is applied: `waiting` / `skipped_waiting` are swapped for
      queues holding only the visible requests (at most `free slots + margin` of `waiting`, in
@@ -83,6 +89,24 @@ KIND_DIFFUSION = 3
 
 def _sig(request: Any) -> RequestSignals | None:
     return request.__dict__.get(SIG_ATTR)
+
+
+def _paused_sessions(sched: Any) -> int:
+    """Streaming sessions paused between inputs: in `skipped_waiting`, holding a place."""
+    return getattr(sched, "num_waiting_for_streaming_input", 0)
+
+
+def free_slots(sched: Any) -> int:
+    """Places vLLM's scheduler may still admit into: `max_num_running_reqs` less `running` and
+    the paused streaming sessions, which hold a model-runner slot outside `running`."""
+    return sched.max_num_running_reqs - len(sched.running) - _paused_sessions(sched)
+
+
+def backlogged(sched: Any, queued: int) -> bool:
+    """No free place while a request waits for one; `queued` = len(waiting + skipped_waiting),
+    of which the paused sessions wait for input, not for a place. O(1)."""
+    paused = _paused_sessions(sched)
+    return queued > paused and sched.max_num_running_reqs - len(sched.running) - paused <= 0
 
 
 def is_continuation(request: Any) -> bool:
@@ -293,7 +317,10 @@ class SharedStageController:
         )
         sample = self.pressure() if self.pressure is not None else None
         decision = self.policy.step(
-            now_ns * 1e-9, downstream_active=active > 0, pressure_sample=sample
+            now_ns * 1e-9,
+            downstream_active=active > 0,
+            pressure_sample=sample,
+            backlog=backlogged(sched, queued),
         )
         self._step_ns, self._sample = now_ns, sample
         self.steps += 1
@@ -371,11 +398,7 @@ class SharedStageController:
         w, s = sched.waiting, sched.skipped_waiting
         if not w and not s:
             return None
-        free = (
-            sched.max_num_running_reqs
-            - len(sched.running)
-            - getattr(sched, "num_waiting_for_streaming_input", 0)
-        )
+        free = free_slots(sched)
         if free <= 0 or not self._may_hide(view):
             return None
         try:

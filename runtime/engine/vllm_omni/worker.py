@@ -13,8 +13,11 @@ makes its stream current through `torch.cuda.set_stream`, which vLLM patches to 
 * a downstream stage takes `downstream_sms` on the complementary SMs (partition "complement":
   disjoint from the shared stage's at every cap); it follows the published headroom, never
   `shared_sms`, so a boosted shared forward (which overlaps its SMs, shared as MPS clients)
-  does not move it. While the shared stage is idle (its decision older than
-  `HORIZONSERVE_VLLM_MAX_AGE_S`) it takes the whole GPU.
+  does not move it. It never goes below its guaranteed S_tot − S_cap: at S_aggr the headroom
+  published is S_tot − S_aggr (0 by default), when the shared stage is backlogged (level
+  LIFTED) or has not yet seen this stage active, and the shared stage then overlaps those SMs
+  as MPS clients instead of taking them. While the shared stage is idle (its decision older
+  than `HORIZONSERVE_VLLM_MAX_AGE_S`) it takes the whole GPU.
 
 CUDA graphs: vLLM captures inside `graph_capture()`, which makes a fresh side stream of the
 primary context current, so entering a level is not enough. During `compile_or_warm_up_model`
@@ -88,6 +91,8 @@ class SmControl:
         self.total = ladder.total
         self.aggressive = ladder.aggressive
         self.s_cap = ladder.s_cap
+        # Downstream SMs while co-running never drop below S_tot − S_cap (nor the floor).
+        self.guaranteed = max(ladder.total - ladder.s_cap, FLOOR_SMS)
         shared_levels = sorted({*ladder.levels, ladder.aggressive})
         # SM count this process runs on, for each SM count the shared stage may be given.
         self.own: dict[int, int] = {
@@ -108,8 +113,8 @@ class SmControl:
         self.activations = 0
 
     def complement(self, shared_sms: int) -> int:
-        """Downstream SMs when the shared stage holds `shared_sms` (never below the floor)."""
-        return max(self.total - shared_sms, FLOOR_SMS)
+        """Downstream SMs when the shared stage holds `shared_sms` (never below the guarantee)."""
+        return max(self.total - shared_sms, self.guaranteed)
 
     def target_sms(self, decision: Any, now_ns: int) -> int:
         """SMs this process should run on given the shared stage's last published decision."""
@@ -119,8 +124,9 @@ class SmControl:
             return self.total  # the shared stage is idle: the whole GPU
         if decision.downstream_sms >= self.total:
             return self.total  # uncapped policy (baselines)
-        # = complement(cap): the published headroom is S_tot − cap (0 at S_aggr = S_tot).
-        return max(decision.downstream_sms, FLOOR_SMS)
+        # = complement(shared count of the level): the headroom is S_tot − cap on the ladder;
+        # at S_aggr (0 by default: AGGRESSIVE, LIFTED) the guaranteed S_tot − S_cap.
+        return max(decision.downstream_sms, self.guaranteed)
 
     def activate_sms(self, sms: int) -> None:
         self.contexts.activate(self.index.get(sms, self.full_index))
