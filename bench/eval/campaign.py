@@ -730,6 +730,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     art = load_artifact(art_path)
     pipeline = plan["pipeline"]
     setup = SimSetup.load(pipeline, art)
+    if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
+        import dataclasses
+
+        from horizonserve.runtime.config import ControlParams
+
+        knobs = dict(kv.split("=", 1) for kv in args.control)
+        control = ControlParams.model_validate({**setup.control.model_dump(), **knobs})
+        setup = dataclasses.replace(setup, control=control)
     cal = art.pipeline(pipeline)
     setup = setup.with_solo_p95(dict(cal.solo_p95_s), f"artifact {art_path}", 5.0)
     workload = load_workload(pipeline)
@@ -740,10 +748,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "artifact": {"path": art_path,
                      "sha256": hashlib.sha256(Path(art_path).read_bytes()).hexdigest()},
         "slo": setup.targets(),
+        "control": setup.control.model_dump(),
         "seeds": args.seeds,
         "points": {},
     }  # fmt: skip
+    only = set(args.points.split(",")) if args.points else None
     for pid, p in plan["points"].items():
+        if only is not None and pid not in only:
+            continue
         mix = mix_weights(workload, setup.long_classes, p["long_ratio"])
         res: dict[str, Any] = {}
         for system in ALL:
@@ -835,6 +847,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--artifact", help="default: the plan's")
     s.add_argument("--systems")
     s.add_argument("--seeds", type=int, default=3, help="trace seeds (the first is the plan's)")
+    s.add_argument("--points", help="comma-separated point ids (default: all)")
+    s.add_argument(
+        "--control", action="append", metavar="KEY=VALUE", help="override a control knob"
+    )
     c = sub.add_parser("carry", help="carry finished items of an earlier run into this plan")
     c.add_argument("--plan", required=True)
     c.add_argument("--from", required=True, help="the earlier run folder (with its plan.json)")
