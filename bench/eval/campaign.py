@@ -85,9 +85,10 @@ def _point_id(rate: float, long_ratio: float | None) -> str:
 
 
 def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any, dict[str, Any]]:
-    """The pipeline's classes with SLO = multiplier × the artifact's solo p95, its ladder, B_sat."""
+    """The pipeline's classes with SLO = multiplier × the artifact's solo p95, its ladder and the
+    control knobs it decides (B_sat, backlog lift)."""
     from horizonserve.runtime.calibrate.artifact import load_artifact
-    from horizonserve.runtime.config import ControlParams, ServingConfig, SloTable, load_pipeline
+    from horizonserve.runtime.config import ServingConfig, SloTable, load_pipeline
 
     art = load_artifact(artifact_path)
     cal = art.pipeline(pipeline)
@@ -103,7 +104,7 @@ def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any,
         pipeline=pipeline,
         slo=slo,
         ladder=cal.ladder,
-        control=ControlParams(b_sat=cal.b_sat),
+        control=cal.control(),
     )
     data = Path(artifact_path).read_bytes()
     meta = {

@@ -47,7 +47,7 @@ class SimSetup:
         spec = load_pipeline(pipeline)
         art = artifact if artifact is not None else load_artifact()
         cal = art.pipeline(pipeline)
-        ctl = control if control is not None else ControlParams(b_sat=cal.b_sat)
+        ctl = control if control is not None else cal.control()
         slo = spec.slo
         if derive_profiles:
             from horizonserve.runtime.bench.workload import load_workload
