@@ -17,22 +17,36 @@ A phase whose path has no ordinary prefill waiting yields to the other path (wor
 
 The index is incremental: add/remove are O(log n) and `plan` costs O(log n) amortised, so the
 per-step cost does not grow with the waiting queue. The base scheduler then walks the queue with
-`StepView.is_visible` (lazy) or takes `split` (materialised) and `restore` afterwards.
+`StepView.iter_visible` (lazy) or takes `split` (materialised) and `restore` afterwards.
+
+A long-path phase's visible set is held by the index itself: decode continuations and protected
+requests (kept in entry order) plus the capped long-path prefills. An engine whose queue is in
+entry order (FIFO; a re-queued request goes to the tail) passes `lookup` to `iter_visible` and
+gets exactly the walk's sequence in O(visible), without touching hidden requests.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import itemgetter
 from typing import TypeVar
 
 from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.profiler import RequestSignals
 
 T = TypeVar("T")
+
+# `iter_visible` with a lookup reads a long-path phase's members from the index (O(A + C log C):
+# A continuations and protected, C visible ordinary long-path prefills) instead of walking the
+# queue (O(position of the last visible)) unless C exceeds both MEMBERS_LONG_MAX and a quarter of
+# the waiting queue (a big cap shows so many that the walk is cheaper). Both yield one sequence.
+MEMBERS_LONG_MAX = 64
+_sig_of_entry = itemgetter(2)
 
 
 class Phase(StrEnum):
@@ -52,6 +66,8 @@ class StepView:
     long_visible: bool  # False: no ordinary long-path prefill is visible this step
     visible: int  # how many waiting requests are visible: a walk stops after that many
     edf: bool = False  # the base scheduler sees visible requests in deadline order
+    # Long-path phases: the index that holds this step's visible set (see `members`).
+    index: TemporalScheduler | None = field(default=None, repr=False, compare=False)
 
     def is_visible(self, sig: RequestSignals) -> bool:
         if sig.prefilled or sig.protected:
@@ -63,19 +79,47 @@ class StepView:
         limit = self.long_limit
         return limit is None or (sig.deadline, sig.seq) <= limit
 
+    def members(self) -> list[RequestSignals] | None:
+        """This step's visible requests in index-entry order, read from the index in O(visible).
+
+        Long-path phases only (None otherwise). Valid until the waiting queue changes: call it
+        right after `plan`. Equals the walk's sequence on a queue kept in entry order.
+        """
+        index = self.index
+        return None if index is None else index._long_members(self.long_visible, False)
+
     def iter_visible(
-        self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]
+        self,
+        waiting: Iterable[T],
+        signals: Callable[[T], RequestSignals],
+        lookup: Callable[[RequestSignals], T] | None = None,
     ) -> Iterator[T]:
-        """Lazily yield the visible requests in view order (materialised when EDF)."""
+        """Lazily yield the visible requests in view order (materialised when EDF).
+
+        View order is queue order (deadline order when EDF). `lookup` maps a waiting request's
+        signals to its item in `waiting`; pass it only when `waiting` is in index-entry order
+        (FIFO, re-queued requests at the tail). With it a long-path phase yields `members`
+        mapped through `lookup` (see MEMBERS_LONG_MAX): the same sequence, without walking past
+        hidden requests. The members are read by this call, so the caller may dequeue
+        (from `waiting` and the index) what it takes while it iterates.
+        """
+        index = self.index
+        if lookup is not None and index is not None:
+            members = index._long_members(self.long_visible, True)
+            if members is not None:
+                return map(lookup, members)
+        return self._walk(waiting, signals)
+
+    def _walk(self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]) -> Iterator[T]:
+        """The queue walk behind `iter_visible`: visible requests of `waiting` in view order."""
         if self.edf:
             yield from self.split(waiting, signals)[0]
             return
-        # is_visible, inlined: this loop is the per-step cost the base scheduler pays. It ends
-        # after the last visible request, so a long-path phase that shows only a few (they
-        # are old, near the queue's front) does not walk the whole queue.
         left = self.visible
         if left <= 0:
             return
+        # is_visible, inlined: this loop is the per-step cost the base scheduler pays. It ends
+        # after the last visible request, so it costs O(position of the last one it yields).
         show_short = self.phase is not Phase.LONG
         long_visible = self.long_visible
         limit = self.long_limit
@@ -147,6 +191,7 @@ class TemporalScheduler:
         "_control",
         "_cycle_pos",
         "_edf",
+        "_entry",
         "_expiry",
         "_heap",
         "_keep_late",
@@ -156,7 +201,10 @@ class TemporalScheduler:
         "_rotation",
         "_short_protected",
         "_short_waiting",
+        "_shown",
+        "_shown_entries",
         "_step",
+        "_tickets",
     )
 
     def __init__(self, control: ControlParams, *, rotation: bool = True, edf: bool = False) -> None:
@@ -174,6 +222,13 @@ class TemporalScheduler:
         self._expiry: list[tuple[float, int, RequestSignals]] = []
         # (deadline, seq, sig) of waiting, unprotected long-path prefills, sorted.
         self._long_ordinary: list[tuple[float, int, RequestSignals]] = []
+        # Entry order: a waiting request's ticket, increasing with each `add`.
+        self._entry: dict[RequestSignals, int] = {}
+        self._tickets = itertools.count()
+        # Waiting requests visible in every phase (continuations, protected), sorted by entry;
+        # `_shown_entries` holds their tickets, index for index.
+        self._shown: list[RequestSignals] = []
+        self._shown_entries: list[int] = []
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
@@ -185,8 +240,11 @@ class TemporalScheduler:
         if sig.waiting:
             raise ValueError(f"request {sig.request_id!r} is already waiting")
         sig.waiting = True
+        self._entry[sig] = entry = next(self._tickets)
         if sig.prefilled:
             self._continuations += 1  # always visible, not part of the rotation's counts
+            self._shown.append(sig)  # the newest entry: sorted order holds
+            self._shown_entries.append(entry)
             return
         sig.late = not self._keep_late and now > sig.deadline
         sig.protected = not sig.late and sig.is_protected(now)
@@ -199,6 +257,8 @@ class TemporalScheduler:
             if sig.protected:
                 self._short_protected += 1
         if sig.protected:
+            self._shown.append(sig)
+            self._shown_entries.append(entry)
             self._watch_expiry(sig)
         elif not sig.late:
             heapq.heappush(self._heap, (sig.protect_at, sig.seq, sig))
@@ -208,9 +268,13 @@ class TemporalScheduler:
         if not sig.waiting:
             return
         sig.waiting = False
+        entry = self._entry.pop(sig, -1)
         if sig.prefilled:
             self._continuations -= 1
+            self._unshow(entry)
             return
+        if sig.protected:
+            self._unshow(entry)
         if sig.long_path:
             self._long_waiting -= 1
             if not sig.protected:
@@ -227,6 +291,21 @@ class TemporalScheduler:
         i = bisect_left(lst, (sig.deadline, sig.seq))
         if i < len(lst) and lst[i][2] is sig:
             del lst[i]
+
+    def _show(self, sig: RequestSignals) -> None:
+        """A waiting request became visible in every phase (protected)."""
+        entry = self._entry[sig]
+        entries = self._shown_entries
+        i = bisect_left(entries, entry)
+        entries.insert(i, entry)
+        self._shown.insert(i, sig)
+
+    def _unshow(self, entry: int) -> None:
+        entries = self._shown_entries
+        i = bisect_left(entries, entry)
+        if i < len(entries) and entries[i] == entry:
+            del entries[i]
+            del self._shown[i]
 
     # -- per step ----------------------------------------------------------------------------
     def _watch_expiry(self, sig: RequestSignals) -> None:
@@ -247,6 +326,7 @@ class TemporalScheduler:
                 self._drop_long(sig)
             else:
                 self._short_protected += 1
+            self._show(sig)
             self._watch_expiry(sig)
         expiry = self._expiry
         while expiry and expiry[0][0] < now:
@@ -260,6 +340,7 @@ class TemporalScheduler:
         if not was_protected:
             return  # already counted (and listed, if long-path) as ordinary
         sig.protected = False
+        self._unshow(self._entry[sig])
         if sig.long_path:
             insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
         else:
@@ -293,9 +374,38 @@ class TemporalScheduler:
         visible = cont + self._short_protected + long_protected
         cap = self._cap
         if cap == 0:
-            return StepView(step, phase, n, None, False, visible)
+            return StepView(step, phase, n, None, False, visible, False, self)
         limit = self._long_ordinary[cap - 1][:2] if long_n > cap else None
-        return StepView(step, phase, n, limit, True, visible + min(cap, long_n))
+        return StepView(step, phase, n, limit, True, visible + min(cap, long_n), False, self)
+
+    def _long_members(self, long_visible: bool, gate: bool) -> list[RequestSignals] | None:
+        """A long-path phase's visible set in entry order: the shown requests (in entry order)
+        with the first `cap` ordinary long-path prefills merged in. gate: None where walking
+        the queue is cheaper (see MEMBERS_LONG_MAX)."""
+        lo = self._long_ordinary
+        if gate and self._cap > MEMBERS_LONG_MAX:
+            shown_long = min(self._cap, len(lo))
+            if shown_long > MEMBERS_LONG_MAX and 4 * shown_long > len(self._entry):
+                return None
+        if not long_visible or not lo:
+            return self._shown[:]
+        entry = self._entry
+        cap = self._cap
+        if cap == 1 or len(lo) == 1:
+            capped = [lo[0][2]]
+        elif cap == 2 or len(lo) == 2:  # the default cap, spelled out: this is the hot path
+            first, second = lo[0][2], lo[1][2]
+            capped = [first, second] if entry[first] < entry[second] else [second, first]
+        else:
+            capped = list(map(_sig_of_entry, lo[:cap]))
+            capped.sort(key=entry.__getitem__)
+        if not self._shown:
+            return capped
+        members = self._shown[:]
+        entries = self._shown_entries
+        for sig in reversed(capped):  # descending entry: earlier positions stay valid
+            members.insert(bisect_left(entries, entry[sig]), sig)
+        return members
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

@@ -2,10 +2,15 @@
 
 Measures, at several waiting-queue sizes, what the scheduler adds to each shared-stage step:
   * annotation   — classify, stamp deadline, estimate r̂, enter the waiting index (per request)
-  * view         — plan the step and walk the queue until the base scheduler's batch is full
-                   (lazy view, batch of `--batch` prefills), averaged over whole rotation cycles
-  * view-worst   — the same walk on a queue ordered so that a long-path phase's few visible
-                   requests sit at its tail (the walk then covers the whole queue)
+  * view         — plan the step and take the visible requests until the base scheduler's batch
+                   is full (lazy view, batch of `--batch` prefills), averaged over whole rotation
+                   cycles; the queue is in entry order and the engine passes a lookup, as the
+                   simulator and the reference engine do, so long-path phases read their
+                   members from the index
+  * view-worst   — the same on a queue ordered so that a long-path phase's few visible requests
+                   sit at its tail
+  * walk-worst   — view-worst without a lookup: the queue walk (the vLLM-Omni plugin's path),
+                   which covers the whole queue there
   * view-split   — the materialised alternative: split the whole queue into visible / hidden
   * sm-cap       — EWMA update + Eq. (1) selection with hysteresis (per step)
 Times are wall-clock medians over repeated rounds of `time.perf_counter_ns` loops (CPython, one
@@ -68,8 +73,9 @@ def _median_ns(
 def _filled_policy(n: int, seed: int, *, worst: bool = False):  # type: ignore[no-untyped-def]
     """A horizon policy and its FCFS waiting queue of n requests of the embedded classes.
 
+    The requests enter the index in queue order, as an engine's FIFO queue has them.
     worst: the queue is ordered so that a long-path phase's few visible requests (the
-    earliest-deadline long-path prefills) sit at its tail, so the walk reaches the end.
+    earliest-deadline long-path prefills) sit at its tail, so a walk reaches the end.
     """
     rng = random.Random(seed)
     config = _config()
@@ -79,12 +85,16 @@ def _filled_policy(n: int, seed: int, *, worst: bool = False):  # type: ignore[n
     for i in range(n):
         arrival = rng.uniform(-1.0, 0.0)
         feats = InputFeatures(input_tokens=rng.randint(20, 2000))
-        sig = policy.admit(f"r{i}", arrival, class_name=rng.choice(names), features=feats)
+        sig = policy.profiler.annotate(
+            f"r{i}", arrival, class_name=rng.choice(names), features=feats
+        )
         queue.append(sig)
     if worst:
         queue.sort(key=lambda s: (s.long_path, -s.deadline))
     else:
         queue.sort(key=lambda s: s.arrival)  # FCFS queue order
+    for sig in queue:
+        policy.temporal.add(sig, sig.arrival)
     return policy, queue
 
 
@@ -110,12 +120,15 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
     cycle = ControlParams().rotation_n_max + ControlParams().rotation_m
     clock = [0.0]
 
-    def walk(p, q) -> Callable[[], int]:  # type: ignore[no-untyped-def]
+    def walk(p, q, *, lookup: bool = True) -> Callable[[], int]:  # type: ignore[no-untyped-def]
+        # The engine's map from a request's signals to its queued item (here: itself).
+        get = {sig: sig for sig in q}.__getitem__ if lookup else None
+
         def run() -> int:
             for _ in range(cycle):
                 clock[0] += 0.005
                 plan = p.temporal.plan(clock[0])
-                for _ in islice(plan.iter_visible(q, _ident), batch):
+                for _ in islice(plan.iter_visible(q, _ident, get), batch):
                     pass
             return cycle
 
@@ -123,6 +136,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
 
     view = walk(policy, queue)
     view_worst = walk(*_filled_policy(n, seed, worst=True))
+    walk_worst = walk(*_filled_policy(n, seed, worst=True), lookup=False)
 
     def view_split() -> int:
         clock[0] += 0.005
@@ -142,6 +156,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
         "annotation": _median_ns(annotate, rounds, new_policy) / 1e3,
         "view": _median_ns(view, rounds) / 1e3,
         "view-worst": _median_ns(view_worst, rounds) / 1e3,
+        "walk-worst": _median_ns(walk_worst, rounds) / 1e3,
         "view-split": _median_ns(view_split, rounds) / 1e3,
         "sm-cap": _median_ns(sm_cap, rounds) / 1e3,
     }
@@ -160,7 +175,15 @@ def run_overhead(sizes: tuple[int, ...], *, batch: int, rounds: int) -> dict:
 
 
 def _table(result: dict) -> str:
-    cols = ("annotation", "view", "view-worst", "view-split", "sm-cap", "per-step-total")
+    cols = (
+        "annotation",
+        "view",
+        "view-worst",
+        "walk-worst",
+        "view-split",
+        "sm-cap",
+        "per-step-total",
+    )
     lines = [
         f"control-core overhead, µs (synthetic queue, batch {result['batch']}; "
         "annotation per request, the rest per step)",
@@ -169,9 +192,10 @@ def _table(result: dict) -> str:
     for n, row in result["waiting"].items():
         lines.append(f"{n:>8} " + " ".join(f"{row[c]:>14.2f}" for c in cols))
     paper = result["paper_table4_us"]
+    blank = f"{'':>14}"
     lines.append(
-        f"{'paper':>8} {paper['annotation']:>14.2f} {paper['view']:>14.2f} {'':>14} {'':>14} "
-        f"{paper['sm-cap']:>14.2f}"
+        f"{'paper':>8} {paper['annotation']:>14.2f} {paper['view']:>14.2f} {blank} {blank} "
+        f"{blank} {paper['sm-cap']:>14.2f}"
     )
     return "\n".join(lines)
 

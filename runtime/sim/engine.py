@@ -184,7 +184,7 @@ class Simulator:
         req.sig = self.policy.admit(
             str(i), now, class_name=self._class_meta[req.cls][2], features=features
         )
-        self.shared.waiting[req] = None
+        self.shared.waiting[req.sig] = req
         if not self.busy:
             self._start_iteration(now)
             self._rerate_all(now)

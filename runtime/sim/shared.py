@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
 from horizonserve.runtime.policy import SchedulingPolicy
+from horizonserve.runtime.profiler import RequestSignals
 from horizonserve.runtime.sim.request import SimRequest, sig_of
 from horizonserve.runtime.temporal import StepView
 
@@ -41,8 +42,9 @@ class SharedStage:
         self.kv_capacity = cal.kv_capacity_tokens
         self.kv_used = 0
         self.running: list[SimRequest] = []
-        # Insertion-ordered set: FIFO arrival order, O(1) removal.
-        self.waiting: dict[SimRequest, None] = {}
+        # Signals -> request, in FIFO arrival order (the policy's entry order): O(1) removal,
+        # and the view's lookup from a request's signals.
+        self.waiting: dict[RequestSignals, SimRequest] = {}
 
     @property
     def has_work(self) -> bool:
@@ -72,7 +74,8 @@ class SharedStage:
         if budget <= 0 or len(running) >= self.max_seqs or not self.waiting:
             return batch
         taken: list[SimRequest] = []
-        for req in view.iter_visible(self.waiting, sig_of):
+        waiting = self.waiting
+        for req in view.iter_visible(waiting.values(), sig_of, waiting.__getitem__):
             if len(running) >= self.max_seqs or budget <= 0:
                 break
             if self.kv_used + req.kv_need > self.kv_capacity:
@@ -85,9 +88,8 @@ class SharedStage:
             batch.chunks.append((req, take))
             batch.prefill_tokens += take
             budget -= take
-        waiting = self.waiting
         for req in taken:
-            del waiting[req]
+            del waiting[sig_of(req)]
         return batch
 
     def release(self, req: SimRequest) -> None:

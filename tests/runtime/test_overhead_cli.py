@@ -12,7 +12,14 @@ def test_overhead_json_has_all_figures(capsys) -> None:  # type: ignore[no-untyp
     out = json.loads(capsys.readouterr().out)
     assert set(out["waiting"]) == {"16", "64"}
     for row in out["waiting"].values():
-        assert set(row) >= {"annotation", "view", "view-worst", "view-split", "sm-cap"}
+        assert set(row) >= {
+            "annotation",
+            "view",
+            "view-worst",
+            "walk-worst",
+            "view-split",
+            "sm-cap",
+        }
         assert all(v > 0 for v in row.values())
         total = row["annotation"] + row["view"] + row["sm-cap"]
         assert abs(row["per-step-total"] - total) < 1e-9

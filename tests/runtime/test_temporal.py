@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.profiler import RequestProfiler, RequestSignals
 from horizonserve.runtime.temporal import (
+    MEMBERS_LONG_MAX,
     Phase,
     StepView,
     TemporalScheduler,
@@ -45,6 +46,14 @@ class Queue:
     def take(self, sig: RequestSignals) -> None:
         self.items.remove(sig)
         self.sched.remove(sig)
+
+    def requeue(self, sig: RequestSignals, now: float, *, prefilled: bool) -> None:
+        """Back to the tail of the queue, e.g. preempted (a decode continuation if prefilled)."""
+        self.take(sig)
+        if prefilled and not sig.prefilled:
+            sig.record_progress(prefilled=True, decoded=1)
+        self.items.append(sig)
+        self.sched.add(sig, now)
 
 
 def make_queue(control: ControlParams | None = None, **kw: bool) -> Queue:
@@ -106,6 +115,7 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
             visible, hidden = view.split(q.items, _ident)
             assert visible == oracle_visible(view, q.items, now, cap)
             assert list(view.iter_visible(q.items, _ident)) == visible
+            assert list(view.iter_visible(q.items, _ident, _ident)) == visible
             assert view.visible == len(visible)
             for s in hidden:
                 assert not s.prefilled
@@ -118,6 +128,133 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
                 assert any(not s.long_path for s in ordinary) or not any(
                     s.long_path for s in ordinary
                 )
+
+
+def walk(view: StepView, items: list[RequestSignals]) -> list[RequestSignals]:
+    """The queue walk, as before long-path phases read their members from the index."""
+    if view.edf:
+        return view.split(items, _ident)[0]
+    out = [s for s in items if view.is_visible(s)]
+    assert len(out) == view.visible
+    return out
+
+
+queue_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "take", "requeue", "step", "step"]),
+        st.sampled_from(CLASSES),
+        st.booleans(),  # decode continuation when adding or re-queueing
+        # Time advance: steps apart, and jumps that protect requests or make them late.
+        st.sampled_from([0.0, 0.001, 0.01, 0.02, 0.05, 0.2, 0.45, 0.6, 3.0]),
+        st.integers(min_value=0, max_value=1000),  # which request to take or re-queue
+    ),
+    min_size=20,
+    max_size=150,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=queue_ops,
+    cap=st.integers(min_value=0, max_value=4),
+    keep_late=st.booleans(),
+    batch=st.integers(min_value=0, max_value=4),
+)
+def test_long_phase_members_equal_the_walk(
+    ops: list, cap: int, keep_late: bool, batch: int
+) -> None:
+    """Long-path phases: the index's members, looked up, are the walk's exact sequence on a
+    queue in entry order (re-queued requests at the tail), also when the caller dequeues what
+    it takes while it iterates."""
+    control = ControlParams(
+        long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
+    )
+    q = make_queue(control)
+    now = 0.0
+    for op, cls, prefilled, dt, pick in ops:
+        now += dt
+        if op == "add":
+            q.add(cls, now, prefilled=prefilled)
+        elif op in ("take", "requeue") and q.items:
+            sig = q.items[pick % len(q.items)]
+            if op == "take":
+                q.take(sig)
+            else:
+                q.requeue(sig, now, prefilled=prefilled)
+        elif op == "step":
+            view = q.sched.plan(now)
+            expected = walk(view, q.items)
+            assert list(view.iter_visible(q.items, _ident)) == expected  # the queue walk
+            members = view.members()
+            assert members == expected if view.phase is Phase.LONG else members is None
+            assert list(view.iter_visible(q.items, _ident, _ident)) == expected
+            # Take a batch the way the simulator does: each request leaves the index as it is
+            # taken, the queue after the iteration.
+            taken = []
+            for sig in view.iter_visible(q.items, _ident, _ident):
+                if len(taken) == batch:
+                    break
+                taken.append(sig)
+                q.sched.remove(sig)
+            assert taken == expected[:batch]
+            for sig in taken:
+                q.items.remove(sig)
+
+
+def test_long_phase_members_follow_protection() -> None:
+    """Members gain a request when it becomes protected and lose it when it turns late."""
+    q = make_queue(ControlParams(long_path_cap=2, rotation_n_min=1, rotation_n_max=1))
+    text = q.add("text", 0.0)  # deadline 0.5 s, protected from ~0.46 s
+    audio = q.add("audio-out", 0.0)
+    image = q.add("image-out", 0.0)
+    assert q.sched.plan(0.1).phase is Phase.SHORT
+    view = q.sched.plan(0.2)
+    assert view.members() == walk(view, q.items) == [audio, image]
+    view = q.sched.plan(0.47)
+    assert view.phase is Phase.LONG and text.protected
+    assert view.members() == walk(view, q.items) == [text, audio, image]
+    view = q.sched.plan(0.48)  # short turn, no ordinary short prefill: yields to long
+    assert view.phase is Phase.LONG
+    assert view.members() == walk(view, q.items) == [text, audio, image]
+    view = q.sched.plan(0.52)
+    assert view.phase is Phase.LONG and text.late
+    assert view.members() == walk(view, q.items) == [audio, image]
+
+
+def _no_lookup(sig: RequestSignals) -> RequestSignals:
+    raise AssertionError("read the members")
+
+
+def test_big_cap_long_phase_walks_the_queue() -> None:
+    """A cap showing more long-path prefills than MEMBERS_LONG_MAX and a quarter of the queue
+    leaves the view to the walk; the sequence is the same either way."""
+    q = make_queue(ControlParams(long_path_cap=10_000, rotation_n_min=1, rotation_n_max=1))
+    longs = [q.add("image-out" if i % 2 else "audio-out", 0.0) for i in range(MEMBERS_LONG_MAX + 1)]
+    q.add("text", 0.0)
+    q.sched.plan(0.01)  # short phase
+    view = q.sched.plan(0.02)
+    assert view.phase is Phase.LONG
+    assert view.members() == walk(view, q.items) == longs
+    assert list(view.iter_visible(q.items, _ident, _no_lookup)) == longs
+
+
+def test_long_phase_members_skip_hidden_requests() -> None:
+    """With a lookup, a long-path phase never reads the queue: hidden requests are not seen."""
+    q = make_queue(ControlParams(long_path_cap=2, rotation_n_min=1, rotation_n_max=1))
+    shorts = [q.add("text", 0.0) for _ in range(50)]
+    longs = [q.add("audio-out", 0.0) for _ in range(3)]
+    cont = q.add("text", 0.0, prefilled=True)
+    q.sched.plan(0.01)  # short phase
+    view = q.sched.plan(0.02)
+    assert view.phase is Phase.LONG
+
+    def untouchable():  # type: ignore[no-untyped-def]
+        raise AssertionError("walked the queue")
+        yield
+
+    assert list(view.iter_visible(untouchable(), _ident, _ident)) == [*longs[:2], cont]
+    assert walk(view, q.items) == [*longs[:2], cont]
+    assert shorts[0] not in view.members()  # type: ignore[operator]
 
 
 @settings(max_examples=150, deadline=None)

@@ -157,6 +157,10 @@ class SharedStage:
                 dropped += 1
         return dropped
 
+    def _queued(self, sig: RequestSignals) -> Sequence:
+        """The waiting sequence of a request's signals (the view's lookup)."""
+        return self.waiting[sig.request_id]
+
     # -- one iteration ------------------------------------------------------------------------
     def iterate(self) -> StepDecision:
         now = self._clock()
@@ -170,7 +174,9 @@ class SharedStage:
         sm = decision.sm
         self._publish(decision, sample)
 
-        plan = self.batcher.plan(decision.view.iter_visible(self.waiting.values(), _signals))
+        plan = self.batcher.plan(
+            decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
+        )
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
         prefill_sms = self.policy.prefill_sms(sm, (_signals(s) for s in plan.prefill), now)
         t0 = self._clock()
