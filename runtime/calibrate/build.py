@@ -403,6 +403,7 @@ def _pipeline(
         "s_cap": ladder.s_cap,
         "s_aggr": ladder.aggressive,
         "b_sat": entry.b_sat,
+        "backlog_lift": entry.backlog_lift_pays(),
         "tpot_b8_iso_s": iso_b8,
         "tpot_b8_corun_s": corun_b8,
         "tpot_b8_timeslice_full_s": (

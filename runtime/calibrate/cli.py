@@ -199,7 +199,8 @@ def format_summary(summary: dict[str, Any], command: str) -> str:
         lad = p["ladder"]
         lines.append(
             f"ladder {lad['levels']}  S_cap {p['s_cap']}  S_aggr {p['s_aggr']}  "
-            f"S_tot {lad['total']}  B_sat {p['b_sat']}"
+            f"S_tot {lad['total']}  B_sat {p['b_sat']}  "
+            f"backlog lift {'on' if p.get('backlog_lift') else 'off'}"
         )
         lines.append(f"{'class':16} {'solo p95 ms':>12} {'SLO ms (x5)':>12}")
         for c, v in p["solo_p95_s"].items():
