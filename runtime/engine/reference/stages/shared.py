@@ -1,13 +1,15 @@
 """Stage 0, the shared AR stage ("thinker"): the policy is its scheduler.
 
 One iteration (Algorithm 1, one shared-stage opportunity):
-  1. read downstream activity from the control record and sample memory pressure;
-  2. `policy.step` → the queue view and the SM split; activate the ladder level for the
-     shared SM count; publish the decision in the control record;
+  1. read downstream activity from the control record and sample memory pressure; note a
+     backlog (every KV slot taken while prompts wait);
+  2. `policy.step` → the queue view and the SM split; publish the decision in the control
+     record;
   3. batch = every running sequence (one decode token each) + visible waiting prompts in view
      order while KV slots and the prefill token budget allow; taken prompts leave the waiting
      queue (`policy.dequeue`);
-  4. prefill, then decode; record progress on each request's signals; emit the first token of
+  4. prefill on `policy.prefill_sms` SMs (S_aggr when it carries an urgent prompt), then
+     decode on the step's cap; record progress on each request's signals; emit the first token of
      short-path requests; hand long-path requests (hidden states of all their cached positions)
      to their downstream stage once their shared-stage tokens are generated.
 """
@@ -174,7 +176,7 @@ class SharedStage:
         sm = decision.sm
         self._publish(decision, sample)
 
-        plan = self.batcher.plan(
+        plan = batcher.plan(
             decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
         )
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
