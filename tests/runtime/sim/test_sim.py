@@ -10,12 +10,14 @@ regression in any policy (or in the model) fails here. Two calibration artifacts
   that). Relations that are properties of the policy under such a model are pinned to it.
 
 Relation thresholds hold on every tested seed (0, 1, 2); each comment gives the smallest value
-the statistic took over seeds 0–7 on that artifact (the margin), re-measured with the
-urgent-prefill boost and the backlog lift on (the defaults: while downstream stages run, a
-prefill carrying a short-path or protected prompt runs on S_aggr, its decode at the cap; and
-while the shared stage's running set is full and requests wait, the whole iteration runs on
-S_aggr). Where the measured H200 model reverses a paper relation (HorizonServe vs MPS; SM
-throttling vs uncapped MPS), the test asserts what does hold there and says so.
+the statistic took over seeds 0–7 on that artifact (the margin), re-measured with the defaults:
+the urgent-prefill boost on (while downstream stages run, a prefill carrying a short-path or
+protected prompt runs on S_aggr, its decode at the cap), and the backlog lift as the artifact
+decides it (`PipelineCalibration.control()`: while the shared stage's running set is full and
+requests wait, the whole iteration runs on S_aggr; on for the measured artifact's Qwen, off for
+the estimate's, whose co-running decode is slower at S_aggr under MPS than at the cap). Where
+the measured H200 model reverses a paper relation (HorizonServe vs MPS; SM throttling vs
+uncapped MPS), the test asserts what does hold there and says so.
 """
 
 from __future__ import annotations
@@ -399,7 +401,7 @@ def test_no_lift_when_switched_off_or_uncapped(setup, system: str) -> None:
 FCFS_FALL = 0.15  # short-path attainment points lost from 0 % to 30 % and to 60 % long-path
 # Fall over seeds 0–7 (30 % / 60 %): estimate ≥ 0.417 / 0.264, measured H200 ≥ 0.303 / 0.180;
 # on the tested seeds ≥ 0.343 (estimate) and ≥ 0.248 (measured). (FCFS has no SM controller, so
-# neither the hysteresis change nor the backlog lift changed these.)
+# neither the hysteresis change nor the backlog lift, on or off, changed these.)
 
 
 @pytest.mark.parametrize("art", ["measured", "estimate"])
@@ -418,19 +420,18 @@ def test_horizon_beats_every_baseline_under_the_paper_estimate(estimate_runs: Ru
     """Paper Fig. 8 under the paper-like contention model, MPS and EDF-MPS included.
 
     Per seed, mean attainment over the stressed rates. Over seeds 0–7 HorizonServe led the best
-    baseline (MPS each time) by ≥ 0.033 (ratio ≥ 1.047, seed 3); tested seeds ≥ 0.045 (1.088).
-    The backlog lift narrowed the lead (without it: ≥ 0.113, ratio ≥ 1.16): on this model a
-    co-running decode step at S_aggr under MPS is slower than at the cap in its partition (16
-    sequences: 7.5 against 6.8 ms; the paper's decode points rise from 4.65 ms at 80 SMs to
-    5.57 ms at 120), so lifting slows the shared stage and, through the MPS factor, the talker.
-    At λ = 7 HorizonServe's attainment fell by 0.02–0.26 over seeds 0–7; at λ = 8 the lead over
-    MPS is 0.01–0.19.
+    baseline (MPS each time) by ≥ 0.113 (ratio ≥ 1.158, seed 3); tested seeds ≥ 0.138 (1.227).
+    The backlog lift is off here, as the artifact decides: on this model a co-running decode
+    step at S_aggr under MPS is slower than at the cap in its partition (16 sequences: 7.5
+    against 6.8 ms; the paper's decode points rise from 4.65 ms at 80 SMs to 5.57 ms at 120),
+    so lifting would slow the shared stage and, through the MPS factor, the talker. Forced on,
+    the lead shrank to ≥ 0.033 (ratio ≥ 1.047, seed 3).
     """
     for seed in SEEDS:
         att = {s: estimate_runs.stressed(s, seed) for s in ("horizon", *BASELINES)}
         best = max(att[s] for s in BASELINES)
-        assert att["horizon"] > best + 0.02, (seed, att)
-        assert att["horizon"] / best > 1.03, (seed, att)
+        assert att["horizon"] > best + 0.08, (seed, att)
+        assert att["horizon"] / best > 1.12, (seed, att)
 
 
 def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs: Runs) -> None:
@@ -438,10 +439,10 @@ def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs:
 
     Over seeds 0–7 the lead over the better of FCFS/EDF was ≥ 0.496 (mean attainment over the
     stressed rates). MPS and EDF-MPS are NOT beaten there: the better of them led HorizonServe by
-    0.005–0.073 on every seed (0.033–0.117 without the backlog lift), because the measured MPS
-    co-running penalty next to the speech stages is small (shared stage ×1.14, vs ×1.11 at
-    HorizonServe's S_cap 80 with the downstream squeezed onto the other 52 SMs); see
-    bench/results/sim/README.md.
+    0.005–0.073 on every seed (0.033–0.117 with the backlog lift off; the artifact has it on
+    for Qwen), because the measured MPS co-running penalty next to the speech stages is small
+    (shared stage ×1.14, vs ×1.11 at HorizonServe's S_cap 80 with the downstream squeezed onto
+    the other 52 SMs); see bench/results/sim/README.md.
     """
     for seed in SEEDS:
         att = {s: measured_runs.stressed(s, seed) for s in ("horizon", *NON_MPS_BASELINES)}
@@ -454,21 +455,22 @@ def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Ru
 
     The ablation is HorizonServe's temporal policy uncapped under MPS, as the reference engine
     runs it (`sharing_for`). Per seed, mean attainment over the stressed rates: over seeds 0–7
-    the loss was 0.023–0.066 (seed 0 the smallest, so also on the tested seeds). It was
-    0.111–0.163 without the backlog lift: at the stressed rates the running set is full most of
-    the time (59–81 % of the iterations at λ = 8 are lifted), so the throttled policy runs
-    uncapped under MPS much of the time too. Not asserted, because not robust:
-    * at 60 % long-path and λ = 6 the loss was 0.016–0.168 on seeds 0–6 and 0.000 on seed 7;
-    * on the measured H200 model the relation reverses: uncapped MPS beat the throttled policy
-      by 0.015–0.033 at the stressed rates on every seed 0–7 (0.037–0.084 without the lift), and
-      at 60 % long-path and λ = 6 by 0.002–0.367 on seeds 0–5 (0.367 on seed 0, where
-      HorizonServe's long-path attainment was 0.40) and by 0.000 on seeds 6–7;
+    the loss was 0.111–0.163 (seed 3 the smallest); tested seeds ≥ 0.123. The backlog lift is
+    off on this artifact; forced on, the loss was 0.023–0.066: at the stressed rates the running
+    set is then full most of the time (59–81 % of the iterations at λ = 8 lifted), so the
+    throttled policy runs uncapped under MPS much of the time too. Not asserted, because not
+    robust:
+    * at 60 % long-path and λ = 6 the loss was 0.015–0.171 on seeds 0–6 and 0.000 on seed 7;
+    * on the measured H200 model (lift on) the relation reverses: uncapped MPS beat the
+      throttled policy by 0.015–0.033 at the stressed rates on every seed 0–7 (0.037–0.084 with
+      the lift off), and at 60 % long-path and λ = 6 by 0.002–0.367 on seeds 0–5 (0.367 on
+      seed 0, where HorizonServe's long-path attainment was 0.40) and by 0.000 on seeds 6–7;
       see bench/results/sim/README.md.
     """
     for seed in SEEDS:
         full = estimate_runs.stressed("horizon", seed)
         ablated = estimate_runs.stressed("horizon-no-throttling", seed)
-        assert ablated < full - 0.01, (seed, full, ablated)
+        assert ablated < full - 0.08, (seed, full, ablated)
 
 
 def _burst_trace(
@@ -504,7 +506,8 @@ def test_removing_path_rotation_loses_under_long_path_bursts(request, art: str) 
     """Smallest gains over seeds 0–7 (short-path / all): estimate 0.171 / 0.063 (seed 6),
     measured H200 0.200 / 0.063 (seed 2) — the thresholds are the ones set before the H200
     artifact. The urgent-prefill boost speeds both systems' short-path prefills, so it narrowed
-    the measured gains (they were 0.256 / 0.087); the backlog lift left these minima unchanged."""
+    the measured gains (they were 0.256 / 0.087). The backlog lift (on for the measured
+    artifact, off for the estimate) leaves these minima unchanged either way."""
     setup: SimSetup = request.getfixturevalue("setup" if art == "measured" else "estimate_setup")
     for seed in SEEDS:
         tr = _burst_trace(setup, seed)
