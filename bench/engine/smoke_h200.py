@@ -1,4 +1,4 @@
-"""Full-scale smoke run of the reference pipeline on one GPU (written for the lent H200).
+"""Full-scale smoke run of the reference pipeline on one GPU (written for an H200).
 
 Starts thinker-7b + talker + code2wav + DiT as three stage processes (random weights), then:
   1. decode probe: step time of a dummy thinker batch alone at every shared-stage SM level;

@@ -6,7 +6,7 @@ One sweep, for one pipeline:
   3. long-path-share sweep at a fixed offered load (Fig. 8, right; Fig. 3 for FCFS);
   4. one HorizonServe run with the control trace recorded (Fig. 10).
 Per-class p95 (Fig. 9) and the ablation bars (Fig. 11) are read from the stressed points of 2
-and 3. `findings` distils the relations the issue asks to show.
+and 3. `findings` distils the relations the evaluation reports.
 """
 
 from __future__ import annotations
