@@ -76,6 +76,15 @@ def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
     return sorted({ladder.total - s for s in shared} - {0, ladder.total})
 
 
+def granted_sms(level: int, published: int, guaranteed: int) -> int:
+    """SMs a downstream stage runs on for a published decision: the published headroom, except
+    while the shared stage holds S_aggr (AGGRESSIVE, or LIFTED for a backlog), when it is the
+    guaranteed S_tot − S_cap (the two then overlap as MPS clients)."""
+    if level < 0 or published <= 0:
+        return guaranteed
+    return published
+
+
 def pick_level(levels: list[int], sms: int) -> int:
     """The largest pre-allocated level ≤ `sms` (the smallest level when none is)."""
     best = levels[0]
@@ -115,7 +124,7 @@ class DownstreamLoop:
         d = self.record.read_decision()
         if d.steps == 0 or d.level_index == UNCAPPED:
             return None
-        sms = d.downstream_sms if d.downstream_sms > 0 else self._fallback
+        sms = granted_sms(d.level_index, d.downstream_sms, self._fallback)
         return pick_level(self.levels, sms)
 
     def run_load(self, stage: DownstreamStage, load: ProbeLoad) -> bool:
