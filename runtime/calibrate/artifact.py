@@ -143,6 +143,10 @@ class SharingCalibration(_Model):
     mps_shared_excess: float = Field(ge=0, le=1)
     mps_downstream_factor: float = Field(ge=1)
 
+    def mps_shared_factor(self, full_factor: float) -> float:
+        """The shared stage's co-run slowdown under MPS, from its partition factor at S_tot."""
+        return 1.0 + self.mps_shared_excess * (full_factor - 1.0)
+
 
 class PressureCalibration(_Model):
     """NVML memory-activity fraction as a function of what runs (before noise).
@@ -184,8 +188,7 @@ class PipelineCalibration(_Model):
         True on the measured H200 (7.6 vs 7.9 ms per step); false for the paper-derived
         estimate, whose decode slows down above 80 SMs."""
         s, ladder = self.shared, self.ladder
-        full = s.corun_decode_factor.at(ladder.total)
-        mps = 1.0 + self.sharing.mps_shared_excess * (full - 1.0)
+        mps = self.sharing.mps_shared_factor(s.corun_decode_factor.at(ladder.total))
         lifted = s.decode_step_s.at(ladder.aggressive) * mps
         capped = s.decode_step_s.at(ladder.s_cap) * s.corun_decode_factor.at(ladder.s_cap)
         return lifted < capped

@@ -61,7 +61,7 @@ class SharedCost:
         "_cp",
         "_ctx",
         "_dec",
-        "_mps_excess",
+        "_mps",
         "_pre",
         "_seq",
         "_switch",
@@ -78,7 +78,7 @@ class SharedCost:
         self._seq = s.decode_seq_frac
         self._ctx = s.decode_ctx_frac
         self._switch = s.sm_switch_s
-        self._mps_excess = cal.sharing.mps_shared_excess
+        self._mps = cal.sharing.mps_shared_factor
 
     def corun_factors(self, sms: int, sharing: Sharing) -> tuple[float, float]:
         """(decode, prefill) slowdown while a downstream stage co-runs."""
@@ -87,8 +87,7 @@ class SharedCost:
         full = self.total_sms
         fd, fp = self._cd(full), self._cp(full)
         if sharing is Sharing.MPS:
-            k = self._mps_excess
-            return 1.0 + k * (fd - 1.0), 1.0 + k * (fp - 1.0)
+            return self._mps(fd), self._mps(fp)
         return fd, fp
 
     def iteration_s(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
 
 DATA = Path(__file__).resolve().parents[3] / "runtime" / "data" / "calibration"
@@ -22,10 +23,11 @@ DATA = Path(__file__).resolve().parents[3] / "runtime" / "data" / "calibration"
 )
 def test_lift_follows_the_measured_decode_curve(artifact: str, pipeline: str, lift: bool) -> None:
     cal = load_artifact(DATA / artifact).pipeline(pipeline)
-    s, ladder = cal.shared, cal.ladder
-    mps = 1 + cal.sharing.mps_shared_excess * (s.corun_decode_factor.at(ladder.total) - 1)
-    lifted = s.decode_step_s.at(ladder.aggressive) * mps
-    capped = s.decode_step_s.at(ladder.s_cap) * s.corun_decode_factor.at(ladder.s_cap)
+    ladder = cal.ladder
+    # The simulator's cost model is the oracle: one decode step, co-running.
+    cost = SharedCost(cal)
+    lifted = cost.iteration_s(ladder.aggressive, 1, 0, 0, True, Sharing.MPS, False)
+    capped = cost.iteration_s(ladder.s_cap, 1, 0, 0, True, Sharing.PARTITION, False)
     assert (lifted < capped) is lift
     control = cal.control()
     assert (control.backlog_lift, control.b_sat) == (lift, cal.b_sat)
