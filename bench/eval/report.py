@@ -17,12 +17,12 @@ import json
 import math
 import statistics
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, item_summary
+from reuse import read_members
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps")
 COLORS = {
@@ -37,23 +37,6 @@ COLORS = {
 
 
 # -- loading ----------------------------------------------------------------------------------
-def read_members(path: Path) -> list[Any]:
-    """JSON lines from a file of concatenated gzip members; a truncated last member is skipped."""
-    data = path.read_bytes()
-    out: list[Any] = []
-    while data:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            text = d.decompress(data)
-        except zlib.error:
-            break
-        if not d.eof:
-            break  # truncated member: the run was cut while writing it
-        out.extend(json.loads(line) for line in text.decode().splitlines() if line.strip())
-        data = d.unused_data
-    return out
-
-
 def load_run(run: Path) -> dict[str, Any]:
     plan = json.loads((run / "plan.json").read_text())
     items: dict[str, dict[str, Any]] = {}

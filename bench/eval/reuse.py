@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,22 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def gz_members(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a multi-member gzip file (one member per item)."""
-    if not path.exists():
-        return
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+def read_members(path: Path) -> list[Any]:
+    """JSON lines from a file of concatenated gzip members (one per item); a truncated last
+    member (a run cut while writing it) is skipped, a missing file is empty."""
+    data = path.read_bytes() if path.exists() else b""
+    out: list[Any] = []
+    while data:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            text = d.decompress(data)
+        except zlib.error:
+            break
+        if not d.eof:
+            break
+        out.extend(json.loads(line) for line in text.decode().splitlines() if line.strip())
+        data = d.unused_data
+    return out
 
 
 def mismatch(new: dict[str, Any], old: dict[str, Any]) -> str | None:
@@ -76,7 +84,7 @@ def carry(
             summary["items"][item_id] = {**row, "carried_from": str(part.parent)}
         for name in ("records.jsonl.gz", "steps.jsonl.gz"):
             with open(out / name, "ab") as f:
-                for member in gz_members(part.parent / name):
+                for member in read_members(part.parent / name):
                     if member["item"] in keep:
                         f.write(gzip.compress((json.dumps(member) + "\n").encode()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
