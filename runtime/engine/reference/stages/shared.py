@@ -180,7 +180,11 @@ class SharedStage:
             decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
         )
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
-        prefill_sms = self.policy.prefill_sms(sm, (_signals(s) for s in plan.prefill), now)
+        prefill_sms = (
+            self.policy.prefill_sms(sm, map(_signals, plan.prefill), now)
+            if plan.prefill
+            else sm.shared
+        )
         t0 = self._clock()
         for seq in plan.prefill:
             self.policy.dequeue(seq.payload.sig)
@@ -226,7 +230,7 @@ class SharedStage:
                 len(self.waiting),
                 active,
                 decision.view.phase.value,
-                prefill_sms if plan.prefill else sm.shared,
+                prefill_sms,
                 t0 - now,
             )
         )
