@@ -311,30 +311,34 @@ def _pipeline(
             notes.carried(f"downstream.{d['name']}.{k}", "model facts")
     # -- sharing ---------------------------------------------------------------------------------
     sharing = tpl.sharing.model_dump()
-    if f_ts_down:
-        sharing["timeslice_downstream_factor"] = round(max(1.0, f_ts_down), 4)
-        notes.measured(
-            "sharing.timeslice_downstream_factor",
-            f"{stage} step with the shared stage decoding, both on the whole GPU, no MPS / alone",
-        )
-    else:
-        notes.carried("sharing.timeslice_downstream_factor")
-    if f_mps_down:
-        sharing["mps_downstream_factor"] = round(max(1.0, f_mps_down), 4)
-        notes.measured(
-            "sharing.mps_downstream_factor",
-            f"{stage} step with the shared stage decoding, both on the whole GPU, MPS / alone",
-        )
-    else:
-        notes.carried("sharing.mps_downstream_factor")
-    if ts_dec and mps_dec and mps1:
-        sharing["mps_shared_excess"] = round(derive.excess_share(mps_dec, ts_dec), 4)
-        notes.measured(
-            "sharing.mps_shared_excess",
-            f"(MPS co-run factor {mps_dec:.3f} - 1) / (time-sliced factor {ts_dec:.3f} - 1)",
-        )
-    else:
-        notes.carried("sharing.mps_shared_excess")
+
+    def set_sharing(name: str, value: float | None, how: str) -> None:
+        """Measured value (rounded) with how it was measured, or the estimate's, carried."""
+        if value is None:
+            notes.carried(f"sharing.{name}")
+            return
+        sharing[name] = round(value, 4)
+        notes.measured(f"sharing.{name}", how)
+
+    both_full = f"{stage} step with the shared stage decoding, both on the whole GPU"
+    set_sharing(
+        "timeslice_downstream_factor",
+        max(1.0, f_ts_down) if f_ts_down else None,
+        f"{both_full}, no MPS / alone",
+    )
+    set_sharing(
+        "mps_downstream_factor",
+        max(1.0, f_mps_down) if f_mps_down else None,
+        f"{both_full}, MPS / alone",
+    )
+    excess = derive.excess_share(mps_dec, ts_dec) if ts_dec and mps_dec and mps1 else None
+    set_sharing(
+        "mps_shared_excess",
+        excess,
+        ""
+        if excess is None
+        else (f"(MPS co-run factor {mps_dec:.3f} - 1) / (time-sliced factor {ts_dec:.3f} - 1)"),
+    )
     # -- pressure --------------------------------------------------------------------------------
     pressure = tpl.pressure.model_dump()
     p_idle = raw.get("pressure_idle")
