@@ -168,22 +168,11 @@ def nvml_costs(n: int) -> dict[str, Any]:
     return out
 
 
-def _ladder(levels: list[int], mode: str) -> Any:
-    from horizonserve.runtime.gpu import SmLadderContexts
-    from horizonserve.runtime.gpu._torch_green import TorchLadderBackend
-
-    if mode == "stream-driver":
-        return SmLadderContexts(
-            levels,
-            mode="stream",
-            backend_factory=lambda d, m: TorchLadderBackend(d, m, force_driver_streams=True),
-        )
-    return SmLadderContexts(levels, mode=mode)
-
-
 def _green_mode(mode: str, levels: list[int], n: int, x: Any) -> dict[str, Any]:
+    from horizonserve.runtime.gpu import ladder_variant
+
     torch = _cuda()
-    ladder = _ladder(levels, mode)
+    ladder = ladder_variant(levels, mode)
     r: dict[str, Any] = {
         "available": ladder.available,
         "mode": ladder.mode,
@@ -278,9 +267,11 @@ def matmul_under_levels(size: int, reps: int) -> dict[str, Any]:
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     flop = 2.0 * size**3
+    from horizonserve.runtime.gpu import ladder_variant
+
     out: dict[str, Any] = {"size": size, "reps": reps, "dtype": "bf16"}
     for mode in ("stream", "context"):
-        ladder = _ladder(levels, mode)
+        ladder = ladder_variant(levels, mode)
         rows = []
         for i, lvl in enumerate(levels):
             ladder.activate(i)

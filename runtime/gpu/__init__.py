@@ -4,7 +4,11 @@ Each degrades with one clear log line where the hardware or software lacks it. H
 (torch, cuda-python, pynvml) happen only when a mechanism is built.
 """
 
-from horizonserve.runtime.gpu.green_context import SmLadderContexts, complementary_ladder
+from horizonserve.runtime.gpu.green_context import (
+    SmLadderContexts,
+    complementary_ladder,
+    ladder_variant,
+)
 from horizonserve.runtime.gpu.mps import (
     MpsDaemon,
     MpsError,
@@ -20,5 +24,6 @@ __all__ = [
     "NvmlPressureSampler",
     "SmLadderContexts",
     "complementary_ladder",
+    "ladder_variant",
     "mps_available",
 ]

@@ -75,6 +75,27 @@ class _Unavailable(Exception):
     """Raised by a backend factory when the hardware or software lacks Green Contexts."""
 
 
+VARIANTS = ("stream", "context", "stream-driver")
+
+
+def ladder_variant(levels: Sequence[int], variant: str, device_id: int = 0) -> SmLadderContexts:
+    """A ladder in one of the measured variants: "stream" / "context" are `mode`s;
+    "stream-driver" is stream mode on driver-API streams (torch's green-context `Stream`
+    bypassed), the path every complementary ladder takes."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if variant != "stream-driver":
+        return SmLadderContexts(levels, device_id, mode=variant)
+    from horizonserve.runtime.gpu._torch_green import TorchLadderBackend
+
+    return SmLadderContexts(
+        levels,
+        device_id,
+        mode="stream",
+        backend_factory=lambda d, m: TorchLadderBackend(d, m, force_driver_streams=True),
+    )
+
+
 def complementary_ladder(levels: Sequence[int], total_sms: int, floor: int = 1) -> tuple[int, ...]:
     """The downstream stage's ladder: `total_sms - level` for each shared-stage level.
 

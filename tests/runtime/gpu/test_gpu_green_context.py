@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from horizonserve.runtime.gpu import SmLadderContexts, complementary_ladder
+from horizonserve.runtime.gpu import SmLadderContexts, complementary_ladder, ladder_variant
 from horizonserve.runtime.gpu import _torch_green as tg
 
 # -- complementary ladder --------------------------------------------------------------------
@@ -258,3 +258,19 @@ class _ListBackend:
 
     def make_level(self, num_sms: int) -> Any:
         return next(self._levels)
+
+
+@pytest.mark.parametrize("variant", ["stream", "context", "stream-driver"])
+def test_ladder_variants_build_and_degrade_without_cuda(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    ladder = ladder_variant([48, 64], variant)
+    assert ladder.levels == (48, 64)
+    assert not ladder.available and ladder.unavailable_reason == "torch sees no CUDA device"
+
+
+def test_ladder_variant_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="stream-driver"):
+        ladder_variant([48], "driver")

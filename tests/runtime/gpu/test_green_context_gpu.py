@@ -10,23 +10,16 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from horizonserve.runtime.gpu import SmLadderContexts, complementary_ladder  # noqa: E402
-from horizonserve.runtime.gpu._torch_green import TorchLadderBackend  # noqa: E402
+from horizonserve.runtime.gpu import (  # noqa: E402
+    complementary_ladder,
+    ladder_variant,
+)
+from horizonserve.runtime.gpu.green_context import VARIANTS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 TOTAL = torch.cuda.get_device_properties(0).multi_processor_count
-MODES = ["stream", "context", "stream-driver"]
-
-
-def _ladder(levels: list[int], mode: str) -> SmLadderContexts:
-    if mode == "stream-driver":
-        return SmLadderContexts(
-            levels,
-            mode="stream",
-            backend_factory=lambda d, m: TorchLadderBackend(d, m, force_driver_streams=True),
-        )
-    return SmLadderContexts(levels, mode=mode)
+MODES = list(VARIANTS)
 
 
 def _matmul_ms(a: torch.Tensor, b: torch.Tensor, reps: int = 3) -> float:
@@ -43,7 +36,7 @@ def _matmul_ms(a: torch.Tensor, b: torch.Tensor, reps: int = 3) -> float:
 @pytest.mark.parametrize("mode", MODES)
 def test_ladder_allocates_without_warning(mode: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        ladder = _ladder([16, 64, TOTAL], mode)
+        ladder = ladder_variant([16, 64, TOTAL], mode)
     assert ladder.available, ladder.unavailable_reason
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert ladder.total_sms == TOTAL and ladder.mode == mode.split("-")[0]
@@ -58,7 +51,7 @@ def test_ladder_allocates_without_warning(mode: str, caplog: pytest.LogCaptureFi
 def test_cap_limits_a_matmul(mode: str) -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
-    with _ladder([16, TOTAL], mode) as ladder:
+    with ladder_variant([16, TOTAL], mode) as ladder:
         ladder.activate(0)
         capped = _matmul_ms(a, b)
         ladder.activate(1)
@@ -72,7 +65,7 @@ def test_switches_keep_work_ordered(mode: str) -> None:
     """Dependent kernels queued under different levels, no host sync: result must be exact."""
     x = torch.zeros(32 * 2**20, device="cuda", dtype=torch.float64)  # 256 MiB, exact halvings
     levels = [16, 48, 64, TOTAL]
-    with _ladder(levels, mode) as ladder:
+    with ladder_variant(levels, mode) as ladder:
         expected = 0.0
         for step in range(40):
             ladder.activate(step % len(levels))
@@ -92,7 +85,7 @@ def test_off_grid_requests_are_rounded_up() -> None:
     from horizonserve.runtime.gpu._driver import sm_granularity
 
     align = sm_granularity(0)["alignment"] or 1
-    with _ladder([20, 36], "stream") as ladder:
+    with ladder_variant([20, 36], "stream") as ladder:
         for req, got in zip([20, 36], ladder.granted_sms, strict=True):
             assert got is not None and req <= got < req + align and got % align == 0
 
@@ -100,6 +93,6 @@ def test_off_grid_requests_are_rounded_up() -> None:
 def test_complementary_ladder_on_this_gpu() -> None:
     shared = [48, 64, 80]
     down = complementary_ladder(shared, TOTAL)
-    with _ladder(list(down), "stream") as ladder:
+    with ladder_variant(list(down), "stream") as ladder:
         assert ladder.available
         assert all(s + d == TOTAL for s, d in zip(shared, down, strict=True))
