@@ -171,9 +171,9 @@ def tiers(
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from horizonserve.runtime.bench.workload import generate, load_workload, mix_weights
     from horizonserve.runtime.config import Path as PathKind
     from horizonserve.runtime.engine.reference.backend import requests_from_trace
+    from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
     config, art_meta = serving_config(args.pipeline, args.artifact, args.preset)
     workload = load_workload(args.pipeline)
@@ -721,10 +721,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """The simulator on the plan's points: same requests (regenerated from the same workload and
     seed, checked against the plan), the artifact's SLO table, each system."""
     from horizonserve.runtime.bench.metrics import summarize
-    from horizonserve.runtime.bench.workload import generate, load_workload, mix_weights
     from horizonserve.runtime.calibrate.artifact import load_artifact
     from horizonserve.runtime.sim.engine import simulate
     from horizonserve.runtime.sim.setup import SimSetup
+    from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
     plan = json.loads(Path(args.plan).read_text())
     art_path = args.artifact or plan["artifact"]["path"]

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from horizonserve.runtime.bench.metrics import summarize
-from horizonserve.runtime.bench.workload import WorkloadSpec, generate, mix_weights
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.workload import WorkloadSpec, generate, mix_weights
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from horizonserve.runtime.bench.runner import Point, run_points
-from horizonserve.runtime.bench.workload import WorkloadSpec, load_workload
 from horizonserve.runtime.calibrate.artifact import (
     DEFAULT_ARTIFACT,
     CalibrationArtifact,
@@ -28,6 +27,7 @@ from horizonserve.runtime.sim.result import LABEL
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
 from horizonserve.runtime.sim.systems import ABLATIONS, BASELINES, SYSTEMS
+from horizonserve.runtime.workload import WorkloadSpec, load_workload
 
 
 @dataclass

@@ -46,6 +46,7 @@ from horizonserve.runtime.config import (
     SmLadder,
     load_pipeline,
 )
+from horizonserve.runtime.workload import load_workload
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +390,6 @@ class Calibrator:
         self.raw["solo"] = out
 
     def _solo_pipeline(self, pipe: Any, name: str) -> dict[str, Any]:
-        from horizonserve.runtime.bench.workload import load_workload
         from horizonserve.runtime.engine.reference.protocol import RequestSpec
 
         spec = load_pipeline(name)

@@ -8,7 +8,6 @@ from horizonserve.runtime.sim.engine import Simulator, simulate
 from horizonserve.runtime.sim.result import LABEL, SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.systems import SYSTEMS, System, get_system
-from horizonserve.runtime.sim.trace import Trace
 
 __all__ = [
     "LABEL",
@@ -17,7 +16,6 @@ __all__ = [
     "SimSetup",
     "Simulator",
     "System",
-    "Trace",
     "get_system",
     "simulate",
 ]

@@ -86,10 +86,10 @@ def artifact_line(info: dict[str, Any]) -> str:
 
 
 def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, float]]:
-    from horizonserve.runtime.bench.workload import load_workload, mix_weights
     from horizonserve.runtime.calibrate.artifact import load_artifact
     from horizonserve.runtime.sim.setup import SimSetup
     from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
+    from horizonserve.runtime.workload import load_workload, mix_weights
 
     setup = SimSetup.load(args.pipeline, load_artifact(args.artifact))
     workload = load_workload(args.pipeline)
@@ -115,8 +115,8 @@ def _dump(path: Path | None, data: dict[str, Any]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from horizonserve.runtime.bench.metrics import summarize
-    from horizonserve.runtime.bench.workload import generate
     from horizonserve.runtime.sim.engine import simulate
+    from horizonserve.runtime.workload import generate
 
     setup, workload, mix = _setup(args)
     trace = generate(
@@ -158,9 +158,9 @@ def _run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from horizonserve.runtime.bench.workload import generate
     from horizonserve.runtime.sim.plan import plan
     from horizonserve.runtime.sim.systems import get_system
+    from horizonserve.runtime.workload import generate
 
     t0 = time.perf_counter()
     setup, workload, mix = _setup(args)

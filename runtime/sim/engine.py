@@ -44,8 +44,8 @@ from horizonserve.runtime.sim.result import SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
-from horizonserve.runtime.sim.trace import Trace
 from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED, UNCAPPED, SmDecision
+from horizonserve.runtime.workload import Trace
 
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
 _POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)

@@ -21,7 +21,7 @@ from typing import Any
 
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
-from horizonserve.runtime.sim.trace import Trace
+from horizonserve.runtime.workload import Trace
 
 MIN_RATE = 1e-3
 MAX_RATE = 1e4

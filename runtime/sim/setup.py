@@ -18,6 +18,8 @@ from horizonserve.runtime.config import (
     SloTable,
     load_pipeline,
 )
+from horizonserve.runtime.sim.profiles import derive_profile
+from horizonserve.runtime.workload import load_workload
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,6 @@ class SimSetup:
         ctl = control if control is not None else cal.control()
         slo = spec.slo
         if derive_profiles:
-            from horizonserve.runtime.bench.workload import load_workload
-            from horizonserve.runtime.sim.profiles import derive_profile
-
             wl = load_workload(pipeline)
             classes = [
                 c.model_copy(update={"profile": derive_profile(cal, wl, wl.get(c.name), c)})

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from horizonserve.runtime.bench.workload import WorkloadSpec, generate
 from horizonserve.runtime.sim.engine import Simulator
 from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.workload import WorkloadSpec, generate
 
 SOLO_SYSTEM = "fcfs"
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from horizonserve.runtime.engine.reference.pipeline import (
     Pipeline,
@@ -22,9 +22,7 @@ from horizonserve.runtime.engine.reference.pipeline import (
 )
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import RequestSpec
-
-if TYPE_CHECKING:
-    from horizonserve.runtime.sim.trace import Trace
+from horizonserve.runtime.workload import Trace
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,14 +10,14 @@ import pytest
 
 from horizonserve.runtime.bench.report import summary_table, write_report
 from horizonserve.runtime.bench.sweep import SweepConfig, run_sweep
-from horizonserve.runtime.bench.workload import (
+from horizonserve.runtime.cli import build_parser, main
+from horizonserve.runtime.config import PIPELINES
+from horizonserve.runtime.workload import (
     generate,
     load_datasets,
     load_workload,
     mix_weights,
 )
-from horizonserve.runtime.cli import build_parser, main
-from horizonserve.runtime.config import PIPELINES
 
 LONG = ("text-speech", "audio-speech", "image-speech")
 

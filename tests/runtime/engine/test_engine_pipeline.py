@@ -136,7 +136,7 @@ def test_backend_runs_a_mixed_trace(backend: ReferenceBackend) -> None:
 
 def test_policy_switch_and_bench_trace(backend: ReferenceBackend) -> None:
     np = pytest.importorskip("numpy")
-    from horizonserve.runtime.sim.trace import Trace
+    from horizonserve.runtime.workload import Trace
 
     n = 6
     trace = Trace(

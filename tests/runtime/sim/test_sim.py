@@ -27,12 +27,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from horizonserve.runtime.bench.workload import (
-    WorkloadSpec,
-    generate,
-    load_workload,
-    mix_weights,
-)
 from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact, load_packaged
 from horizonserve.runtime.config import PIPELINES, load_pipeline
 from horizonserve.runtime.sim import LABEL, SimResult, SimSetup, simulate
@@ -42,8 +36,14 @@ from horizonserve.runtime.sim.plan import attainment_at, plan_system
 from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.sim.systems import BASELINES
-from horizonserve.runtime.sim.trace import Trace
 from horizonserve.runtime.spatial import LIFTED, UNCAPPED
+from horizonserve.runtime.workload import (
+    Trace,
+    WorkloadSpec,
+    generate,
+    load_workload,
+    mix_weights,
+)
 
 PIPE = "qwen2_5_omni"
 MEASURED = "h200-measured.json"
