@@ -243,6 +243,43 @@ class ControlParams(_Model):
         le=1,
         description="ρ used while the pressure signal is unknown (1.0 = S_cap, the safe side).",
     )
+    downstream_admission: bool = Field(
+        True,
+        description="Downstream stages admit by first-response slack: earliest deadline first "
+        "among requests that can still meet it, late ones behind (served, counted). Off: "
+        "first come, first served.",
+    )
+    reject_late: bool = Field(
+        False,
+        description="Refuse a long-path request at hand-off once it can no longer meet its "
+        "deadline (the client gets a reason) instead of serving it late.",
+    )
+    playback_margin_s: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="Audio (s) a started speech stream may hold ahead of real-time playback "
+        "before it yields its talker step to a request still waiting for its first chunk.",
+    )
+    shared_preemption: bool = Field(
+        True,
+        description="When a protected short-path request waits on a full running set, preempt "
+        "the running long-path decode with the most slack (never a short-path or protected "
+        "one).",
+    )
+    slack_split: bool = Field(
+        True,
+        description="Split the SMs by both sides' slack: move toward the side whose most "
+        "urgent runnable request has less slack, give an idle side's SMs away. Eq. (1)'s "
+        "pressure rule stays the bound inside the ladder.",
+    )
+    split_slack_margin: float = Field(
+        1.0,
+        ge=0,
+        le=100,
+        description="Slack ratio at or above which a side counts as comfortable: the split "
+        "moves toward the other side only while that side's urgent request is below it.",
+    )
 
     @model_validator(mode="after")
     def _n_range(self) -> Self:
@@ -259,6 +296,9 @@ class PolicyName(StrEnum):
     EDF = "edf"
     NO_ROTATION = "horizon-no-rotation"
     NO_THROTTLING = "horizon-no-throttling"
+    NO_DOWNSTREAM = "horizon-no-downstream"
+    NO_PREEMPTION = "horizon-no-preemption"
+    PRIORITY = "priority"
 
 
 class ServingConfig(_Model):

@@ -1,37 +1,60 @@
 """The scheduling step (Algorithm 1) as one object, and the baselines behind the same interface.
 
-A policy owns the profiler (annotation), the temporal index (queue view) and the spatial
-controller (SM cap). Engines — the simulator, the reference GPU pipeline and the vLLM-Omni
-plugin — tell it when requests enter or leave the shared stage's waiting queue and call `step`
-once per shared-stage opportunity. Every decision is a function of state and the `now` passed
-in; no clock is read here.
+A policy owns the profiler (annotation), the temporal index (queue view), the spatial
+controller (SM split) and the downstream rules (admission order, preemption). Engines — the
+simulator, the reference GPU pipeline and the vLLM-Omni plugin — tell it when requests enter or
+leave the shared stage's waiting queue and call `step` once per shared-stage opportunity. Every
+decision is a function of state and the `now` passed in; no clock is read here.
 
-    policy   rotation+cap  slack guard  order     SM cap
-    horizon        yes          yes      FIFO      Eq. (1) ladder
-    fcfs            no           —       FIFO      whole GPU
-    edf             no           —       deadline  whole GPU
-    horizon-no-rotation   no     —       FIFO      Eq. (1) ladder
-    horizon-no-throttling yes   yes      FIFO      whole GPU
-MPS / EDF-MPS are a GPU-sharing mode of the engine, combined with fcfs / edf.
+    policy                 rotation  order     SM split   downstream  preemption
+    horizon                   yes    FIFO      ladder     slack       yes
+    fcfs                       no    FIFO      whole GPU  FIFO        no
+    edf                        no    deadline  whole GPU  FIFO        no
+    priority                   no    priority  whole GPU  FIFO        on KV pressure (engine)
+    horizon-no-rotation        no    FIFO      ladder     slack       yes
+    horizon-no-throttling     yes    FIFO      whole GPU  slack       yes
+    horizon-no-downstream     yes    FIFO      ladder     FIFO        yes
+    horizon-no-preemption     yes    FIFO      ladder     slack       no
+MPS / EDF-MPS are a GPU-sharing mode of the engine, combined with fcfs / edf. "priority" is
+vLLM's own policy: waiting requests by (priority code, arrival); under KV pressure the engine
+preempts its lowest-priority running request (vLLM's rule, not HorizonServe's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
+from horizonserve.runtime.downstream import AdmissionQueue, make_queue
+from horizonserve.runtime.preemption import choose_victim
 from horizonserve.runtime.profiler import InputFeatures, RequestProfiler, RequestSignals
 from horizonserve.runtime.spatial import SmDecision, SpatialController, UncappedSpatial
 from horizonserve.runtime.temporal import StepView, TemporalScheduler
 
-# (rotation, edf, throttling) per policy.
-_POLICY_FLAGS: dict[PolicyName, tuple[bool, bool, bool]] = {
-    PolicyName.HORIZON: (True, False, True),
-    PolicyName.FCFS: (False, False, False),
-    PolicyName.EDF: (False, True, False),
-    PolicyName.NO_ROTATION: (False, False, True),
-    PolicyName.NO_THROTTLING: (True, False, False),
+T = TypeVar("T")
+
+
+@dataclass(slots=True, frozen=True)
+class PolicyTraits:
+    rotation: bool  # N:M path rotation + slack guard + long-path cap
+    edf: bool  # the view in deadline order
+    by_priority: bool  # the view in (priority code, arrival) order
+    throttling: bool  # the SM ladder (else every stage may use the whole GPU)
+    downstream_control: bool  # slack-ordered downstream admission and playback yielding
+    preemption: bool  # a protected short-path request may preempt a long-path decode
+
+
+_TRAITS: dict[PolicyName, PolicyTraits] = {
+    PolicyName.HORIZON: PolicyTraits(True, False, False, True, True, True),
+    PolicyName.FCFS: PolicyTraits(False, False, False, False, False, False),
+    PolicyName.EDF: PolicyTraits(False, True, False, False, False, False),
+    PolicyName.PRIORITY: PolicyTraits(False, False, True, False, False, False),
+    PolicyName.NO_ROTATION: PolicyTraits(False, False, False, True, True, True),
+    PolicyName.NO_THROTTLING: PolicyTraits(True, False, False, False, True, True),
+    PolicyName.NO_DOWNSTREAM: PolicyTraits(True, False, False, True, False, True),
+    PolicyName.NO_PREEMPTION: PolicyTraits(True, False, False, True, True, False),
 }
 
 
@@ -45,17 +68,34 @@ class StepDecision:
 class SchedulingPolicy:
     """One shared-stage scheduling policy; build with `make_policy`."""
 
-    __slots__ = ("name", "profiler", "spatial", "temporal")
+    __slots__ = (
+        "downstream_control",
+        "name",
+        "playback_margin_s",
+        "preemption",
+        "profiler",
+        "reject_late",
+        "spatial",
+        "temporal",
+        "traits",
+    )
 
     def __init__(self, name: PolicyName, config: ServingConfig) -> None:
-        rotation, edf, throttling = _POLICY_FLAGS[name]
+        t = _TRAITS[name]
+        control = config.control
         self.name = name
-        self.profiler = RequestProfiler(config.slo, config.control.u_guard)
-        self.temporal = TemporalScheduler(config.control, rotation=rotation, edf=edf)
-        spatial_cls = SpatialController if throttling else UncappedSpatial
-        self.spatial: SpatialController | UncappedSpatial = spatial_cls(
-            config.ladder, config.control
+        self.traits = t
+        self.profiler = RequestProfiler(config.slo, control.u_guard)
+        self.temporal = TemporalScheduler(
+            control, rotation=t.rotation, edf=t.edf, by_priority=t.by_priority
         )
+        spatial_cls = SpatialController if t.throttling else UncappedSpatial
+        self.spatial: SpatialController | UncappedSpatial = spatial_cls(config.ladder, control)
+        self.downstream_control = t.downstream_control and control.downstream_admission
+        self.preemption = t.preemption and control.shared_preemption
+        self.reject_late = self.downstream_control and control.reject_late
+        # Playback yielding is part of downstream control; None: streams never yield.
+        self.playback_margin_s = control.playback_margin_s if self.downstream_control else None
 
     # -- request lifecycle ------------------------------------------------------------------
     def admit(
@@ -98,6 +138,24 @@ class SchedulingPolicy:
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
         return StepDecision(view, self.spatial.select(downstream_active, backlog), pressure)
+
+    # -- downstream and preemption ----------------------------------------------------------
+    def downstream_queue(self) -> AdmissionQueue:
+        """A fresh admission queue for one downstream stage under this policy."""
+        return make_queue(self.downstream_control)
+
+    def preemption_victim(
+        self,
+        running: Iterable[T],
+        now: float,
+        signals: Callable[[T], RequestSignals],
+        handed_off: Callable[[T], bool],
+    ) -> T | None:
+        """With the running set full: the running request to preempt for a waiting protected
+        short-path request (as of the last `step`), or None (see `preemption`)."""
+        if not self.preemption or not self.temporal.protected_short_waiting:
+            return None
+        return choose_victim(running, now, signals, handed_off)
 
     @staticmethod
     def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:

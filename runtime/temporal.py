@@ -66,6 +66,7 @@ class StepView:
     long_visible: bool  # False: no ordinary long-path prefill is visible this step
     visible: int  # how many waiting requests are visible: a walk stops after that many
     edf: bool = False  # the base scheduler sees visible requests in deadline order
+    by_priority: bool = False  # … in (API priority code, admission) order (vLLM's priority)
     # Long-path phases: the index that holds this step's visible set (see `members`).
     index: TemporalScheduler | None = field(default=None, repr=False, compare=False)
 
@@ -112,7 +113,7 @@ class StepView:
 
     def _walk(self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]) -> Iterator[T]:
         """The queue walk behind `iter_visible`: visible requests of `waiting` in view order."""
-        if self.edf:
+        if self.edf or self.by_priority:
             yield from self.split(waiting, signals)[0]
             return
         left = self.visible
@@ -148,11 +149,17 @@ class StepView:
             (visible if is_visible(signals(item)) else hidden).append(item)
         if self.edf:
             visible.sort(key=lambda item: _deadline_key(signals(item)))
+        elif self.by_priority:
+            visible.sort(key=lambda item: _priority_key(signals(item)))
         return visible, hidden
 
 
 def _deadline_key(sig: RequestSignals) -> tuple[float, int]:
     return sig.deadline, sig.seq
+
+
+def _priority_key(sig: RequestSignals) -> tuple[int, int]:
+    return int(sig.costs.cls.priority), sig.seq
 
 
 def restore(original: Sequence[T], left_in_view: Iterable[T], hidden: Iterable[T]) -> list[T]:
@@ -186,6 +193,7 @@ class TemporalScheduler:
     """Incremental waiting-queue index plus the N:M rotation state."""
 
     __slots__ = (
+        "_by_priority",
         "_cap",
         "_continuations",
         "_control",
@@ -207,10 +215,20 @@ class TemporalScheduler:
         "_tickets",
     )
 
-    def __init__(self, control: ControlParams, *, rotation: bool = True, edf: bool = False) -> None:
+    def __init__(
+        self,
+        control: ControlParams,
+        *,
+        rotation: bool = True,
+        edf: bool = False,
+        by_priority: bool = False,
+    ) -> None:
+        if by_priority and (edf or rotation):
+            raise ValueError("priority order is a plain queue order: no rotation, no EDF")
         self._control = control
         self._rotation = rotation
         self._edf = edf
+        self._by_priority = by_priority
         self._cap = control.long_path_cap
         self._n = control.rotation_n_min
         self._cycle_pos = 0
@@ -356,7 +374,7 @@ class TemporalScheduler:
         long_protected = self._long_waiting - long_n
         if not self._rotation:
             total = cont + self._short_waiting + self._long_waiting
-            return StepView(step, Phase.ALL, 0, None, True, total, self._edf)
+            return StepView(step, Phase.ALL, 0, None, True, total, self._edf, self._by_priority)
         control = self._control
         if self._cycle_pos == 0:
             self._n = rotation_n(control, self._short_protected, self._short_waiting)
@@ -374,9 +392,9 @@ class TemporalScheduler:
         visible = cont + self._short_protected + long_protected
         cap = self._cap
         if cap == 0:
-            return StepView(step, phase, n, None, False, visible, False, self)
+            return StepView(step, phase, n, None, False, visible, False, False, self)
         limit = self._long_ordinary[cap - 1][:2] if long_n > cap else None
-        return StepView(step, phase, n, limit, True, visible + min(cap, long_n), False, self)
+        return StepView(step, phase, n, limit, True, visible + min(cap, long_n), False, False, self)
 
     def _long_members(self, long_visible: bool, gate: bool) -> list[RequestSignals] | None:
         """A long-path phase's visible set in entry order: the shown requests (in entry order)
@@ -416,3 +434,8 @@ class TemporalScheduler:
     @property
     def current_n(self) -> int:
         return self._n
+
+    @property
+    def protected_short_waiting(self) -> int:
+        """Short-path prefills waiting while protected (as of the last `plan`)."""
+        return self._short_protected

@@ -1,0 +1,277 @@
+"""Downstream control: the deadline a request carries past the shared stage, slack-ordered
+admission for every downstream stage, and playback credit for started speech streams.
+
+Pure like the rest of the control core: every time is passed in, nothing reads a clock.
+
+Hand-off. The shared stage stamps a long-path request once (`Stamp.of`) and the stamp goes with
+it into every downstream stage (talker, code-to-waveform, image generator). No stage recomputes
+the class or the deadline.
+
+Admission (`SlackQueue`). A downstream stage admits, whenever it has a free place, the request
+with the earliest first-response deadline among those that can still meet it; a request that can
+no longer meet it (`now > deadline − first_output_s`, its `late_at`) goes behind every meetable
+one. Late requests are still served (earliest deadline first among them) and counted; an
+engine may refuse them instead (`ControlParams.reject_late`). Invariants: the popped request is
+the earliest-deadline meetable one when any exists; a late request is never ahead of a meetable
+one; nothing pushed is lost (every request pops exactly once unless removed). `FifoQueue` is the
+same interface in arrival order (baselines, and the "w/o downstream control" ablation).
+
+Both queues are O(log n) per operation: a request's `late_at` is fixed when it is pushed, so the
+meetable heap is kept lazily: an entry found late at the top moves to the late heap.
+
+Continuity (`PlaybackClock`). Once a stream's first chunk is out the client plays it in real
+time. Credit = audio generated − audio played. A chunk that arrives after the client ran dry is
+an underrun (counted per stream; playback resumes when it arrives). A stream holding more credit
+than `margin` may yield its step to a request still waiting for its first chunk (`may_yield`).
+`realtime_streams` is how many streams a stage can keep at real time; admission stops there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from horizonserve.runtime.profiler import RequestSignals
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, frozen=True)
+class Stamp:
+    """What a long-path request carries into every downstream stage (set once, at hand-off)."""
+
+    request_id: str
+    class_name: str
+    priority: int
+    arrival: float
+    deadline: float  # absolute first-response deadline (same clock as `arrival`)
+    downstream_s: float  # estimated downstream time to the first response, from the profile
+
+    @classmethod
+    def of(cls, sig: RequestSignals) -> Stamp:
+        c = sig.costs
+        left = c.downstream_steps - sig.downstream_steps_done
+        return cls(
+            sig.request_id,
+            c.cls.name,
+            int(c.cls.priority),
+            sig.arrival,
+            sig.deadline,
+            left * c.downstream_step_s if left > 0 else 0.0,
+        )
+
+    def slack_ratio(self, now: float, first_output_s: float) -> float:
+        """u = (d − t) / r̂ at this stage (r̂ floored like the profiler's)."""
+        r = first_output_s if first_output_s > 1e-4 else 1e-4
+        return (self.deadline - now) / r
+
+
+class AdmissionQueue(Protocol[T]):
+    """A downstream stage's waiting queue."""
+
+    late_popped: int  # requests handed out after they could no longer meet their deadline
+
+    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None: ...
+
+    def pop(self, now: float) -> tuple[T, bool] | None:
+        """The next request to admit and whether it is late; None when empty."""
+        ...
+
+    def peek_slack(self, now: float) -> float | None:
+        """Slack ratio of the request `pop` would hand out next (None when empty)."""
+        ...
+
+    def remove(self, item: T) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class _Entry(Generic[T]):
+    __slots__ = ("alive", "deadline", "first_s", "item", "late_at", "seq", "stamp")
+
+    def __init__(self, item: T, stamp: Stamp, first_s: float, seq: int) -> None:
+        self.item = item
+        self.stamp = stamp
+        self.deadline = stamp.deadline
+        self.first_s = first_s
+        self.late_at = stamp.deadline - first_s
+        self.seq = seq
+        self.alive = True
+
+
+class SlackQueue(Generic[T]):
+    """Earliest deadline first among meetable requests, late ones behind (see module doc)."""
+
+    __slots__ = ("_by_item", "_late", "_live", "_meet", "_seq", "late_popped")
+
+    def __init__(self) -> None:
+        self._meet: list[tuple[float, int, _Entry[T]]] = []  # (deadline, seq): maybe meetable
+        self._late: list[tuple[float, int, _Entry[T]]] = []  # (deadline, seq): known late
+        self._by_item: dict[int, _Entry[T]] = {}  # id(item) -> live entry
+        self._seq = itertools.count()
+        self._live = 0
+        self.late_popped = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None:
+        key = id(item)
+        if key in self._by_item:
+            raise ValueError(f"request {stamp.request_id!r} is already queued")
+        e = _Entry(item, stamp, first_output_s, next(self._seq))
+        self._by_item[key] = e
+        self._live += 1
+        heapq.heappush(self._meet, (e.deadline, e.seq, e))
+
+    def _settle(self, now: float) -> None:
+        """Drop dead tops and move tops found late; afterwards `_meet[0]` is live and meetable."""
+        meet = self._meet
+        while meet:
+            e = meet[0][2]
+            if not e.alive:
+                heapq.heappop(meet)
+            elif now > e.late_at:
+                heapq.heappop(meet)
+                heapq.heappush(self._late, (e.deadline, e.seq, e))
+            else:
+                return
+        late = self._late
+        while late and not late[0][2].alive:
+            heapq.heappop(late)
+
+    def _head(self, now: float) -> tuple[_Entry[T], bool] | None:
+        self._settle(now)
+        if self._meet:
+            return self._meet[0][2], False
+        if self._late:
+            return self._late[0][2], True
+        return None
+
+    def pop(self, now: float) -> tuple[T, bool] | None:
+        head = self._head(now)
+        if head is None:
+            return None
+        e, late = head
+        heapq.heappop(self._late if late else self._meet)
+        self._forget(e)
+        if late:
+            self.late_popped += 1
+        return e.item, late
+
+    def peek_slack(self, now: float) -> float | None:
+        head = self._head(now)
+        return None if head is None else head[0].stamp.slack_ratio(now, head[0].first_s)
+
+    def remove(self, item: T) -> bool:
+        e = self._by_item.get(id(item))
+        if e is None:
+            return False
+        self._forget(e)  # its heap tuple is dropped lazily
+        return True
+
+    def _forget(self, e: _Entry[T]) -> None:
+        e.alive = False
+        del self._by_item[id(e.item)]
+        self._live -= 1
+
+
+class FifoQueue(Generic[T]):
+    """Arrival order (baselines): the same interface, no reordering."""
+
+    __slots__ = ("_q", "late_popped")
+
+    def __init__(self) -> None:
+        self._q: deque[_Entry[T]] = deque()
+        self.late_popped = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None:
+        self._q.append(_Entry(item, stamp, first_output_s, 0))
+
+    def pop(self, now: float) -> tuple[T, bool] | None:
+        if not self._q:
+            return None
+        e = self._q.popleft()
+        late = now > e.late_at
+        if late:
+            self.late_popped += 1
+        return e.item, late
+
+    def peek_slack(self, now: float) -> float | None:
+        if not self._q:
+            return None
+        e = self._q[0]
+        return e.stamp.slack_ratio(now, e.first_s)
+
+    def remove(self, item: T) -> bool:
+        for i, e in enumerate(self._q):
+            if e.item is item:
+                del self._q[i]
+                return True
+        return False
+
+
+def make_queue(slack_order: bool) -> AdmissionQueue:
+    """The admission queue a downstream stage uses under a policy (`downstream_control`)."""
+    return SlackQueue() if slack_order else FifoQueue()
+
+
+class PlaybackClock:
+    """Real-time playback of one speech stream, from its first chunk on."""
+
+    __slots__ = ("generated_s", "start", "underruns")
+
+    def __init__(self) -> None:
+        self.start: float | None = None  # playback start, shifted by every stall
+        self.generated_s = 0.0
+        self.underruns = 0
+
+    @property
+    def started(self) -> bool:
+        return self.start is not None
+
+    def on_chunk(self, now: float, seconds: float) -> bool:
+        """Account a chunk of `seconds` of audio delivered at `now`; True on an underrun."""
+        if self.start is None:
+            self.start = now
+            self.generated_s = seconds
+            return False
+        dry = (now - self.start) - self.generated_s  # how long the client has had nothing
+        under = dry > 0.0
+        if under:
+            self.underruns += 1
+            self.start += dry  # playback stalled until this chunk arrived
+        self.generated_s += seconds
+        return under
+
+    def credit(self, now: float) -> float:
+        """Audio generated ahead of playback (s); 0 before the first chunk."""
+        if self.start is None:
+            return 0.0
+        return self.generated_s - (now - self.start)
+
+    def may_yield(self, now: float, margin_s: float) -> bool:
+        """The stream can skip a step without risking an underrun (credit above the margin)."""
+        return self.start is not None and self.credit(now) > margin_s
+
+
+def realtime_streams(
+    step_s: Callable[[int], float], audio_s_per_step: float, max_batch: int
+) -> int:
+    """How many started streams a stage keeps at real time with step yielding.
+
+    A batch of b streams produces b · audio_s_per_step seconds of audio every step_s(b), so it
+    sustains b · audio_s_per_step / step_s(b) real-time streams; the best b up to `max_batch`
+    bounds admission. At least 1 (a stage that cannot keep one stream real time still serves).
+    """
+    best = 0.0
+    for b in range(1, max_batch + 1):
+        best = max(best, b * audio_s_per_step / step_s(b))
+    return max(1, int(best))
