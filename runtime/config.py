@@ -153,15 +153,26 @@ class SloTable(_Model):
         raise ValueError(f"priority {priority}: no request class with this code is configured")
 
 
+MAX_SMS = 4096  # bound of every SM count in a ladder
+MAX_LADDER_LEVELS = 64
+MAX_ROTATION_STEPS = 64  # bound of M, N_min, N_max and the hysteresis
+
+
 class SmLadder(_Model):
     """Shared-stage SM levels S_min … S_cap used while downstream stages co-run.
 
     Invariant: levels strictly increasing, S_cap = levels[-1] ≤ S_aggr ≤ S_tot.
     """
 
-    levels: list[int] = Field(min_length=1, description="Co-running SM levels, ascending.")
-    aggressive: int = Field(gt=0, description="S_aggr: shared-stage SMs with no downstream work.")
-    total: int = Field(gt=0, description="S_tot: SMs on the GPU.")
+    # Upper bounds keep a spec from carrying absurd sizes into every pod (the CRD schema
+    # states them, so `kubectl apply` refuses them): no GPU has more than MAX_SMS SMs.
+    levels: list[Annotated[int, Field(le=MAX_SMS)]] = Field(
+        min_length=1, max_length=MAX_LADDER_LEVELS, description="Co-running SM levels, ascending."
+    )
+    aggressive: int = Field(
+        gt=0, le=MAX_SMS, description="S_aggr: shared-stage SMs with no downstream work."
+    )
+    total: int = Field(gt=0, le=MAX_SMS, description="S_tot: SMs on the GPU.")
 
     @field_validator("levels")
     @classmethod
@@ -202,13 +213,22 @@ class ControlParams(_Model):
     """Online control parameters (paper defaults)."""
 
     u_guard: float = Field(
-        1.5, gt=0, description="Slack-ratio guard: a request with u < u_guard is protected."
+        1.5, gt=0, le=100, description="Slack-ratio guard: a request with u < u_guard is protected."
     )
-    rotation_m: int = Field(2, ge=1, description="M: long-path phase steps per rotation period.")
-    rotation_n_min: int = Field(2, ge=1, description="N_min: fewest short-path phase steps.")
-    rotation_n_max: int = Field(8, ge=1, description="N_max: most short-path phase steps.")
+    rotation_m: int = Field(
+        2, ge=1, le=MAX_ROTATION_STEPS, description="M: long-path phase steps per rotation period."
+    )
+    rotation_n_min: int = Field(
+        2, ge=1, le=MAX_ROTATION_STEPS, description="N_min: fewest short-path phase steps."
+    )
+    rotation_n_max: int = Field(
+        8, ge=1, le=MAX_ROTATION_STEPS, description="N_max: most short-path phase steps."
+    )
     long_path_cap: int = Field(
-        2, ge=0, description="Most ordinary long-path prefills visible per step (protected exempt)."
+        2,
+        ge=0,
+        le=1024,
+        description="Most ordinary long-path prefills visible per step (protected exempt).",
     )
     ewma_gamma: float = Field(
         0.4, gt=0, le=1, description="EWMA weight of the newest pressure sample."
@@ -217,7 +237,10 @@ class ControlParams(_Model):
         0.93, gt=0, le=1, description="Saturation pressure: NVML memory activity fraction."
     )
     hysteresis_steps: int = Field(
-        1, ge=0, description="Ladder steps the snapped target must differ by to change the cap."
+        1,
+        ge=0,
+        le=MAX_ROTATION_STEPS,
+        description="Ladder steps the snapped target must differ by to change the cap.",
     )
     urgent_prefill_boost: bool = Field(
         True,
