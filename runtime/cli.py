@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from horizonserve.runtime import __version__
 
@@ -24,9 +25,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line (`prog: error: ... (see prog --help)`), exit code 2.
+
+    Sub-parsers inherit the class, so every subcommand's mistakes read the same.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser; only the subcommand named in `argv` loads its module's arguments."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="horizonserve", description="SLO-aware serving of omni models on one GPU."
     )
     parser.add_argument("--version", action="version", version=f"horizonserve {__version__}")
@@ -51,9 +62,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"horizonserve {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"horizonserve {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"horizonserve {args.command}: error: {describe_error(exc)}", file=sys.stderr)
         return 2
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a user-facing error: pydantic's field errors without their URLs, an
+    OSError as "reason: path", anything else as its message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and exc.__class__.__name__ == "ValidationError":
+        parts = []
+        for e in errors():
+            loc = ".".join(str(x) for x in e.get("loc", ())) or "value"
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        return "; ".join(parts)
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

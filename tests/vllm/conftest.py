@@ -10,13 +10,33 @@ bare `vllm` name (which a stray namespace folder would satisfy).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from factory import SchedulerParams, require_vllm, write_tiny_model_dir
+from factory import VLLM_SKIP_REASON, SchedulerParams, require_vllm, write_tiny_model_dir
 from factory import make_scheduler as _make_scheduler
+
+HERE = Path(__file__).resolve().parent
+
+
+def _installed(name: str) -> bool:
+    """A real distribution, not a namespace folder of the same name (find_spec, no import)."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without vLLM / vLLM-Omni every test in this folder skips with one reason (also those
+    that only read vLLM's source or its entry points)."""
+    if _installed("vllm") and _installed("vllm_omni"):
+        return
+    skip = pytest.mark.skip(reason=VLLM_SKIP_REASON)
+    for item in items:
+        if HERE in item.path.resolve().parents:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

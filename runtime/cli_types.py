@@ -1,0 +1,142 @@
+"""argparse value checks shared by the subcommands.
+
+Every check runs while the command line is parsed, so a bad value stops the command before any
+work starts. Each raises `argparse.ArgumentTypeError` with the problem and the fix; argparse
+prefixes the option's name and `horizonserve`'s parser prints it as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+Check = Callable[[str], float]
+
+
+def _number(text: str, integer: bool) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def bounded(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    unit: str = "",
+) -> Check:
+    """A finite number in [low, high] (open ends as told); e.g. `bounded(0, low_open=True)`."""
+    lo_sym = "(" if low_open else "["
+    hi_sym = ")" if high_open else "]"
+    lo_txt = "-inf" if low is None else f"{low:g}"
+    hi_txt = "inf" if high is None else f"{high:g}"
+    span = f"{lo_sym}{lo_txt}, {hi_txt}{hi_sym}"
+    if low is not None and high is None:
+        span = f"{'>' if low_open else '>='} {low:g}"
+    what = ("a whole number " if integer else "a number ") + span + (f" {unit}" if unit else "")
+
+    def check(text: str) -> float:
+        v = _number(text, integer)
+        too_low = low is not None and (v <= low if low_open else v < low)
+        too_high = high is not None and (v >= high if high_open else v > high)
+        if too_low or too_high:
+            raise argparse.ArgumentTypeError(f"got {text}; give {what}")
+        return v
+
+    check.__name__ = "number"  # argparse names the type in its own messages
+    return check
+
+
+positive = bounded(0.0, low_open=True)
+non_negative = bounded(0.0)
+positive_int = bounded(1, integer=True)
+fraction = bounded(0.0, 1.0)  # a share, 0–1
+attainment = bounded(0.0, 1.0, low_open=True)  # a target attainment, (0, 1]
+
+
+def number_list(each: Check) -> Callable[[str], tuple[float, ...]]:
+    """Comma-separated numbers, each passing `each`; at least one."""
+
+    def check(text: str) -> tuple[float, ...]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError("empty list; give comma-separated numbers, e.g. 2,4")
+        return tuple(each(p) for p in parts)
+
+    check.__name__ = "list"
+    return check
+
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def output_dir(text: str) -> Path:
+    """A folder that exists and is writable, or can be created (its nearest existing ancestor
+    is a writable folder)."""
+    p = Path(text).expanduser()
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{p} is a file, not a folder; give a folder path")
+    base = _nearest_existing(p.absolute())
+    if not base.is_dir():
+        raise argparse.ArgumentTypeError(f"{base} is a file, so {p} cannot be a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {base}; choose a writable folder")
+    return p
+
+
+def output_file(text: str) -> Path:
+    """A file path whose folder exists and is writable (an existing file must be writable)."""
+    p = Path(text).expanduser()
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{p} is a folder; give a file name, e.g. {p}/out.json")
+    parent = p.absolute().parent
+    if not parent.exists():
+        raise argparse.ArgumentTypeError(
+            f"folder {parent} does not exist; create it (mkdir -p) or choose another path"
+        )
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {p}; choose a writable path")
+    return p
+
+
+def input_file(text: str) -> str:
+    """An existing, readable file (kept as the string the user gave)."""
+    p = Path(text).expanduser()
+    if not p.is_file():
+        raise argparse.ArgumentTypeError(f"no file {p}; give the path of an existing file")
+    if not os.access(p, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {p}")
+    return str(p)
+
+
+def one_of(choices: list[str] | tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
+    """Comma-separated names, each from `choices` (order kept, duplicates dropped)."""
+
+    def check(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            shown = ", ".join(bad) if bad else "none given"
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {shown}; choose from {', '.join(choices)}"
+            )
+        return names
+
+    check.__name__ = "list"
+    return check
