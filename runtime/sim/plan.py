@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -139,11 +140,22 @@ def plan(
     start: float = 1.0,
     seed: int = 0,
     jobs: int = 1,
+    on_done: Callable[[PlanResult], None] | None = None,
 ) -> list[PlanResult]:
-    """`plan_system` for each system, spread over `jobs` processes."""
+    """`plan_system` for each system, spread over `jobs` processes (results in `systems`
+    order; `on_done` is called as each system finishes, e.g. for a progress bar)."""
     kw = {"target": target, "tol": tol, "start": start, "seed": seed}
+    done = on_done or (lambda _r: None)
     if jobs <= 1 or len(systems) <= 1:
-        return [plan_system(setup, unit, s, **kw) for s in systems]  # type: ignore[arg-type]
+        out = []
+        for s in systems:
+            out.append(plan_system(setup, unit, s, **kw))  # type: ignore[arg-type]
+            done(out[-1])
+        return out
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    by_system: dict[str, PlanResult] = {}
     with ctx.Pool(min(jobs, len(systems)), initializer=_init, initargs=(setup, unit, kw)) as pool:
-        return pool.map(_one, systems)
+        for r in pool.imap_unordered(_one, systems):
+            by_system[r.system] = r
+            done(r)
+    return [by_system[s] for s in systems]
