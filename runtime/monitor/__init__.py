@@ -1,5 +1,6 @@
 """Shared-memory state passed between stage processes: the control record, the request table."""
 
+from horizonserve.runtime.monitor.cleanup import remove_stale
 from horizonserve.runtime.monitor.record import (
     ControlRecord,
     DecisionWriter,
@@ -12,6 +13,7 @@ from horizonserve.runtime.monitor.record import (
 from horizonserve.runtime.monitor.request_table import (
     RequestEntry,
     RequestTable,
+    TableBusyError,
     TableFormatError,
     TableFullError,
 )
@@ -27,8 +29,10 @@ __all__ = [
     "RequestEntry",
     "RequestTable",
     "SmDecision",
+    "TableBusyError",
     "TableFormatError",
     "TableFullError",
+    "remove_stale",
     "shm_dir",
     "shm_path",
 ]

@@ -2,9 +2,10 @@
 
 Layout (native byte order and alignment: the file never leaves the host), 64-byte groups::
 
-    offset 0    header     magic, version, n_slots, size, created_ns, creator_pid
+    offset 0    header     magic, version, n_slots, size, created_ns, creator_pid, owner_uid
     offset 64   decision   seq | pressure_smoothed, pressure_raw, heartbeat_ns, steps,
                                  shared_sms, downstream_sms, level_index, writer_pid
+                           alive_ns (offset 120, one word outside the seqlock)
     offset 128  slot i     seq | heartbeat_ns, updates, active, kind, writer_pid   (64 B each)
 
 Who writes what (one writer per group, so writers never race each other):
@@ -24,7 +25,21 @@ fields, so a reader could catch a seq of 0 (even) in the middle of a write. Payl
 may be written with pack_into because seq is odd the whole time.
 
 Heartbeats are `time.monotonic_ns()` of the writer: CLOCK_MONOTONIC is one clock for all
-processes of a Linux host, so readers compare them with their own monotonic time.
+processes of a Linux host, so readers compare them with their own monotonic time. The decision
+heartbeat means "last decision" (a downstream stage takes the whole GPU when it is old), so the
+shared stage's liveness while idle has its own word, `alive_ns` (`DecisionWriter.beat`).
+
+Readers never fail on what another process did to the file (fault isolation):
+* the header is compared with the one seen at attach time on every read; a changed header
+  makes every group read as stale (`header_problem()` says what changed);
+* a group stuck mid-write for `STUCK_TIMEOUT_S` (its writer died or was stopped inside an
+  update) reads as stale; while its seq stays at that odd value later reads return stale at
+  once, without spinning again;
+* a heartbeat stamped in the future (more than `FUTURE_SLACK_NS` ahead) counts as stale, and
+  so does one whose `writer_pid` no longer exists (checked at most every `PID_CHECK_S`).
+
+Files are created with O_EXCL|O_NOFOLLOW (mode 0600); `create` replaces an existing file
+only when it is this user's regular file whose creator process is gone (`stale_record`).
 """
 
 from __future__ import annotations
@@ -42,17 +57,21 @@ from horizonserve.runtime.monitor.shm import (
     MappedFile,
     create_mapping,
     open_mapping,
+    pid_alive,
     shm_path,
 )
 
 MAGIC = 0x524D5A48  # b"HZMR" read as a little-endian u32
-VERSION = 1
+VERSION = 2  # 2: owner_uid in the header, alive_ns in the decision group
+FUTURE_SLACK_NS = 50_000_000  # a heartbeat this far ahead of the reader's clock is bogus
+PID_CHECK_S = 0.5  # how often a reader re-checks that a slot's writer process exists
 DEFAULT_RECORD_NAME = "horizonserve-control"
 DEFAULT_DOWNSTREAM_SLOTS = 4
 GROUP_BYTES = 64
 _tuple_new = tuple.__new__  # NamedTuple._make without its Python-level length check
 
-_HEADER = struct.Struct("@IIIIqq")  # magic, version, n_slots, size, created_ns, creator_pid
+# magic, version, n_slots, size, created_ns, creator_pid, owner_uid
+_HEADER = struct.Struct("@IIIIqqq")
 _SEQ_BYTES = 8
 # Decision payload after its seq; field order matches SmDecision.
 _DECISION = struct.Struct("@ddqqiiii")
@@ -62,11 +81,13 @@ _SLOT = struct.Struct("@qqiii")
 _SLOT_READ = struct.Struct("@Qqqiii")
 
 _DECISION_OFFSET = GROUP_BYTES
+_ALIVE_WORD = (_DECISION_OFFSET + GROUP_BYTES - 8) >> 3  # u64 index of alive_ns
 _SLOTS_OFFSET = 2 * GROUP_BYTES
 assert _HEADER.size <= GROUP_BYTES and _DECISION_READ.size <= GROUP_BYTES
 assert _SLOT_READ.size <= GROUP_BYTES
 assert _DECISION_READ.size == _SEQ_BYTES + _DECISION.size  # no padding between seq and payload
 assert _SLOT_READ.size == _SEQ_BYTES + _SLOT.size
+assert _DECISION_OFFSET + _DECISION_READ.size <= _ALIVE_WORD << 3  # alive_ns is spare room
 
 
 class RecordFormatError(ValueError):
@@ -74,7 +95,8 @@ class RecordFormatError(ValueError):
 
 
 class RecordBusyError(RuntimeError):
-    """A group stayed mid-write for too long: its writer probably died inside an update."""
+    """A group stayed mid-write for too long (`read_*(strict=True)` only; the default reads
+    return a stale copy instead, so a stuck writer never ends a reader)."""
 
 
 class SmDecision(NamedTuple):
@@ -107,8 +129,32 @@ def record_size(n_slots: int) -> int:
     return _SLOTS_OFFSET + n_slots * GROUP_BYTES
 
 
+#: What a stuck, corrupt or never-written group reads as: no decision / no activity.
+STALE_DECISION = SmDecision(0, math.nan, math.nan, 0, 0, 0, 0, -1, 0)
+STALE_SLOT = DownstreamActivity(0, 0, 0, 0, 0, 0)
+
+
 def _stale(heartbeat_ns: int, now_ns: int, max_age_ns: int) -> bool:
-    return heartbeat_ns == 0 or now_ns - heartbeat_ns > max_age_ns
+    """Never written, too old, or stamped in the future."""
+    return (
+        heartbeat_ns == 0
+        or now_ns - heartbeat_ns > max_age_ns
+        or heartbeat_ns - now_ns > FUTURE_SLACK_NS
+    )
+
+
+def stale_record(path: Path) -> bool:
+    """True when `path` holds no live control record: unreadable header, other magic, or a
+    creator process that no longer exists (what `create` may replace, what cleanup removes)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            raw = f.read(_HEADER.size)
+    except OSError:
+        return False
+    if len(raw) < _HEADER.size:
+        return True
+    magic, _, _, _, _, creator, _ = _HEADER.unpack(raw)
+    return magic != MAGIC or not pid_alive(creator)
 
 
 class ControlRecord(MappedFile):
@@ -118,7 +164,51 @@ class ControlRecord(MappedFile):
         self._attach(path, fd, buf)
         self.n_slots = n_slots
         self.read_retries = 0  # how often a reader saw a write in progress (diagnostics)
+        self.stale_reads = 0  # reads answered with a stale copy (stuck group, bad header)
         self._slot_offsets = tuple(_SLOTS_OFFSET + i * GROUP_BYTES for i in range(n_slots))
+        self._header = bytes(buf[: _HEADER.size])  # what every read checks against
+        self._stuck: dict[int, int] = {}  # group offset -> the odd seq it was stuck at
+        self._pid_seen: dict[int, tuple[float, bool]] = {}  # pid -> (checked at, alive)
+
+    # -- integrity --------------------------------------------------------------------------
+
+    def header_problem(self) -> str | None:
+        """None while the header is the one seen at attach time, else what is wrong."""
+        now = bytes(self._buf[: _HEADER.size])
+        if now == self._header:
+            return None
+        magic, version, n_slots, size, _, creator, uid = _HEADER.unpack(now)
+        if magic != MAGIC:
+            return f"header corrupt: magic {magic:#x}"
+        return (
+            f"header changed: version {version}, {n_slots} slots, {size} bytes, "
+            f"creator {creator}, uid {uid}"
+        )
+
+    def repair_header(self) -> None:
+        """Owner only: write back the header seen at attach time (magic last)."""
+        self._buf[4 : _HEADER.size] = self._header[4:]
+        self._buf[0:4] = self._header[0:4]
+
+    @property
+    def creator_pid(self) -> int:
+        return int(_HEADER.unpack(self._header)[5])
+
+    def _header_ok(self) -> bool:
+        return self._buf[: _HEADER.size] == self._header
+
+    def _writer_alive(self, pid: int) -> bool:
+        """Cached liveness of a writer process (re-checked every PID_CHECK_S)."""
+        if pid == os.getpid():
+            return True
+        now = time.monotonic()
+        seen = self._pid_seen.get(pid)
+        if seen is None or now - seen[0] > PID_CHECK_S:
+            if len(self._pid_seen) > 64:
+                self._pid_seen.clear()
+            seen = (now, pid_alive(pid))
+            self._pid_seen[pid] = seen
+        return seen[1]
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -131,11 +221,12 @@ class ControlRecord(MappedFile):
             raise ValueError(f"n_slots must be in [1, 255], got {n_slots}")
         p = Path(path) if path is not None else shm_path(DEFAULT_RECORD_NAME)
         size = record_size(n_slots)
-        fd, buf = create_mapping(p, size)
+        fd, buf = create_mapping(p, size, stale=stale_record)
         nan = math.nan
         _DECISION.pack_into(buf, _DECISION_OFFSET + _SEQ_BYTES, nan, nan, 0, 0, 0, 0, -1, 0)
         # Magic goes in last: an opener that sees it sees an initialised file.
-        _HEADER.pack_into(buf, 0, 0, VERSION, n_slots, size, time.monotonic_ns(), os.getpid())
+        created, pid, uid = time.monotonic_ns(), os.getpid(), os.geteuid()
+        _HEADER.pack_into(buf, 0, 0, VERSION, n_slots, size, created, pid, uid)
         struct.pack_into("@I", buf, 0, MAGIC)
         return cls(p, fd, buf, n_slots)
 
@@ -147,7 +238,7 @@ class ControlRecord(MappedFile):
             fd, buf = open_mapping(p, _SLOTS_OFFSET)
         except ValueError as exc:
             raise RecordFormatError(str(exc)) from exc
-        magic, version, n_slots, size, _, _ = _HEADER.unpack_from(buf, 0)
+        magic, version, n_slots, size, _, _, _ = _HEADER.unpack_from(buf, 0)
         problem = None
         if magic != MAGIC:
             problem = f"bad magic {magic:#x} (not initialised, or not a control record)"
@@ -174,66 +265,110 @@ class ControlRecord(MappedFile):
 
     # -- readers ----------------------------------------------------------------------------
 
-    def read_decision(self) -> SmDecision:
-        """Consistent copy of the decision group (retries while a write is in progress)."""
-        buf = self._buf
-        values = _DECISION_READ.unpack_from(buf, _DECISION_OFFSET)
-        seq = values[0]
-        if seq & 1 or self._words[_DECISION_OFFSET >> 3] != seq:
-            values = self._read_slow(_DECISION_READ, _DECISION_OFFSET)
-        return _tuple_new(SmDecision, values)
+    def read_decision(self, *, strict: bool = False) -> SmDecision:
+        """Consistent copy of the decision group (retries while a write is in progress).
 
-    def read_downstream(self, slot: int) -> DownstreamActivity:
-        """Consistent copy of downstream slot `slot`."""
+        A stuck group or a changed header reads as `STALE_DECISION` (`strict`: raises
+        RecordBusyError / RecordFormatError instead).
+        """
+        values = self._read(_DECISION_READ, _DECISION_OFFSET, strict)
+        return STALE_DECISION if values is None else _tuple_new(SmDecision, values)
+
+    def read_downstream(self, slot: int, *, strict: bool = False) -> DownstreamActivity:
+        """Consistent copy of downstream slot `slot` (`STALE_SLOT` when stuck or corrupt)."""
         self._check_slot(slot)
-        offset = _SLOTS_OFFSET + slot * GROUP_BYTES
-        buf = self._buf
-        values = _SLOT_READ.unpack_from(buf, offset)
-        seq = values[0]
-        if seq & 1 or self._words[offset >> 3] != seq:
-            values = self._read_slow(_SLOT_READ, offset)
-        return _tuple_new(DownstreamActivity, values)
+        values = self._read(_SLOT_READ, _SLOTS_OFFSET + slot * GROUP_BYTES, strict)
+        return STALE_SLOT if values is None else _tuple_new(DownstreamActivity, values)
+
+    def read_alive_ns(self) -> int:
+        """The shared stage's liveness beat (0: never beaten, or the header is corrupt)."""
+        return self._words[_ALIVE_WORD] if self._header_ok() else 0
 
     def downstream_active_total(
         self, now_ns: int | None = None, max_age_ns: int | None = None
     ) -> int:
         """Requests in flight over all downstream slots.
 
-        With `now_ns` and `max_age_ns`, slots whose heartbeat is older are skipped, so a
-        crashed downstream process cannot pin the shared stage below its aggressive level.
+        With `now_ns` and `max_age_ns`, slots whose heartbeat is older (or in the future, or
+        whose writer process is gone) are skipped, so a crashed or stopped downstream process
+        cannot pin the shared stage below its aggressive level.
         """
-        # Oldest heartbeat still counted as alive; None = count every slot.
-        oldest = now_ns - max_age_ns if now_ns is not None and max_age_ns is not None else None
+        if not self._header_ok():
+            self.stale_reads += 1
+            return 0
+        check = now_ns is not None and max_age_ns is not None
         buf, read, words = self._buf, _SLOT_READ.unpack_from, self._words
         total = 0
         for offset in self._slot_offsets:
             values = read(buf, offset)
             seq = values[0]
             if seq & 1 or words[offset >> 3] != seq:
-                values = self._read_slow(_SLOT_READ, offset)
-            _, heartbeat, _, active, _, _ = values
-            if active and (oldest is None or (heartbeat != 0 and heartbeat >= oldest)):
-                total += active
+                values = self._read_slow(_SLOT_READ, offset, strict=False)
+                if values is None:
+                    continue
+            _, heartbeat, _, active, _, pid = values
+            if not active:
+                continue
+            if check and (
+                _stale(heartbeat, now_ns, max_age_ns)  # type: ignore[arg-type]
+                or not self._writer_alive(pid)
+            ):
+                continue
+            total += active
         return total
 
     def is_stale(self, now_ns: int, max_age_ns: int) -> bool:
-        """True when the shared stage never published or its heartbeat is older than allowed."""
-        return _stale(self.read_decision().heartbeat_ns, now_ns, max_age_ns)
+        """True when the shared stage never published, its heartbeat is too old or in the
+        future, or its writer process is gone."""
+        d = self.read_decision()
+        return _stale(d.heartbeat_ns, now_ns, max_age_ns) or not self._writer_alive(d.writer_pid)
 
     def slot_is_stale(self, slot: int, now_ns: int, max_age_ns: int) -> bool:
-        """True when downstream slot `slot` never wrote or its heartbeat is too old."""
-        return _stale(self.read_downstream(slot).heartbeat_ns, now_ns, max_age_ns)
+        """True when downstream slot `slot` never wrote, its heartbeat is too old or in the
+        future, or its writer process is gone."""
+        a = self.read_downstream(slot)
+        return _stale(a.heartbeat_ns, now_ns, max_age_ns) or not self._writer_alive(a.writer_pid)
 
-    def _read_slow(self, layout: struct.Struct, offset: int) -> tuple:
-        """Retry loop of a seqlock read: a write was in progress at the first attempt."""
-        buf, words, backoff = self._buf, self._words, Backoff()
+    def _read(self, layout: struct.Struct, offset: int, strict: bool) -> tuple | None:
+        if not self._header_ok():
+            if strict:
+                raise RecordFormatError(f"{self.path}: {self.header_problem()}")
+            self.stale_reads += 1
+            return None
+        values = layout.unpack_from(self._buf, offset)
+        seq = values[0]
+        if seq & 1 or self._words[offset >> 3] != seq:
+            return self._read_slow(layout, offset, strict)
+        return values
+
+    def _read_slow(self, layout: struct.Struct, offset: int, strict: bool) -> tuple | None:
+        """Retry loop of a seqlock read: a write was in progress at the first attempt.
+
+        None (stale) when the group stays mid-write past STUCK_TIMEOUT_S; while its seq stays
+        at that odd value, later calls return None at once.
+        """
+        buf, words = self._buf, self._words
+        index = offset >> 3
+        stuck = self._stuck.get(offset)
+        if stuck is not None:
+            if words[index] == stuck and not strict:
+                self.stale_reads += 1
+                return None
+            del self._stuck[offset]
+        backoff = Backoff()
         while backoff.again():
             self.read_retries += 1
             values = layout.unpack_from(buf, offset)
             seq = values[0]
-            if not seq & 1 and words[offset >> 3] == seq:
+            if not seq & 1 and words[index] == seq:
                 return values
-        raise RecordBusyError(f"{self.path}: group at offset {offset} stuck mid-write")
+        if strict:
+            raise RecordBusyError(f"{self.path}: group at offset {offset} stuck mid-write")
+        seq = words[index]
+        if seq & 1:
+            self._stuck[offset] = seq
+        self.stale_reads += 1
+        return None
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.n_slots:
@@ -279,8 +414,13 @@ class DecisionWriter:
             self._pid,
         )
         words[_DECISION_OFFSET >> 3] = seq + 1  # even: consistent again
+        words[_ALIVE_WORD] = now_ns
         self._seq = seq + 1
         self._steps = steps
+
+    def beat(self, now_ns: int) -> None:
+        """Liveness without a decision (the stage is idle): one aligned word store."""
+        self._words[_ALIVE_WORD] = now_ns
 
 
 class DownstreamWriter:

@@ -5,7 +5,8 @@ them up by request id, so the original deadline travels with the request across 
 
 Fixed-capacity open addressing with linear probing, 64-byte entries::
 
-    header (64 B)  magic u32, version u32, capacity, count, gen, created_ns (u64 each)
+    header (64 B)  magic u32, version u32, capacity, count, gen, created_ns, creator_pid
+                   (u64 each)
     entry  (64 B)  key_hash u64 (0 = empty), arrival_ns, deadline_ns, priority, id_len,
                    id_prefix[34]
 
@@ -39,18 +40,20 @@ from horizonserve.runtime.monitor.shm import (
     MappedFile,
     create_mapping,
     open_mapping,
+    pid_alive,
     shm_path,
 )
 
 MAGIC = 0x545A5248  # b"HRZT" read as a little-endian u32
-VERSION = 1
+VERSION = 2  # 2: creator_pid in the header
 DEFAULT_TABLE_NAME = "horizonserve-requests"
 DEFAULT_CAPACITY = 4096
 ENTRY_BYTES = 64
 HEADER_BYTES = 64
 ID_PREFIX_BYTES = 34
 
-_HEADER = struct.Struct("@IIQQQq")  # magic, version, capacity, count, gen, created_ns
+# magic, version, capacity, count, gen, created_ns, creator_pid
+_HEADER = struct.Struct("@IIQQQqq")
 _COUNT_WORD = 2  # index of `count` in the u64 view
 _GEN_WORD = 3  # index of `gen` in the u64 view
 _U32 = struct.Struct("@I")
@@ -62,6 +65,13 @@ class TableFullError(RuntimeError):
     """Every slot holds a live request; raise the capacity or delete finished requests."""
 
 
+class TableBusyError(RuntimeError):
+    """The table's write lock stayed taken for LOCK_TIMEOUT_S (a writer stopped or stuck)."""
+
+
+LOCK_TIMEOUT_S = 1.0
+
+
 class TableFormatError(ValueError):
     """The file is not a request table of this version (or is not initialised yet)."""
 
@@ -70,6 +80,20 @@ class RequestEntry(NamedTuple):
     priority: int  # class priority code (0 text, 10 audio, 20 image)
     arrival_ns: int  # monotonic ns at admission
     deadline_ns: int  # monotonic ns: arrival + the class's SLO
+
+
+def stale_table(path: Path) -> bool:
+    """True when `path` holds no live request table: short or foreign header, or a creator
+    process that no longer exists (what `create` may replace, what cleanup removes)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            raw = f.read(_HEADER.size)
+    except OSError:
+        return False
+    if len(raw) < _HEADER.size:
+        return True
+    fields = _HEADER.unpack(raw)
+    return fields[0] != MAGIC or not pid_alive(fields[6])
 
 
 def blake2b_key_hash(data: bytes) -> int:
@@ -92,6 +116,7 @@ class RequestTable(MappedFile):
         self.capacity = capacity
         self._hash = key_hash  # every process must use the same function
         self._thread_lock = threading.Lock()  # flock does not exclude threads sharing the fd
+        self.stale_reads = 0  # lookups answered None because the table stayed mid-write
 
     @classmethod
     def create(
@@ -104,8 +129,8 @@ class RequestTable(MappedFile):
         if capacity < 1:
             raise ValueError(f"capacity must be positive, got {capacity}")
         p = Path(path) if path is not None else shm_path(DEFAULT_TABLE_NAME)
-        fd, buf = create_mapping(p, HEADER_BYTES + capacity * ENTRY_BYTES)
-        _HEADER.pack_into(buf, 0, 0, VERSION, capacity, 0, 0, time.monotonic_ns())
+        fd, buf = create_mapping(p, HEADER_BYTES + capacity * ENTRY_BYTES, stale=stale_table)
+        _HEADER.pack_into(buf, 0, 0, VERSION, capacity, 0, 0, time.monotonic_ns(), os.getpid())
         _U32.pack_into(buf, 0, MAGIC)  # last: an opener that sees it sees an initialised file
         return cls(p, fd, buf, capacity, key_hash)
 
@@ -121,7 +146,7 @@ class RequestTable(MappedFile):
             fd, buf = open_mapping(p, HEADER_BYTES)
         except ValueError as exc:
             raise TableFormatError(str(exc)) from exc
-        magic, version, capacity, _, _, _ = _HEADER.unpack_from(buf, 0)
+        magic, version, capacity, _, _, _, _ = _HEADER.unpack_from(buf, 0)
         problem = None
         if magic != MAGIC:
             problem = f"bad magic {magic:#x} (not initialised, or not a request table)"
@@ -141,7 +166,8 @@ class RequestTable(MappedFile):
     # -- key helpers ------------------------------------------------------------------------
 
     def _key(self, request_id: str) -> tuple[int, int, bytes]:
-        data = request_id.encode()
+        # surrogatepass: an id decoded from non-UTF-8 bytes still has one stable key
+        data = request_id.encode("utf-8", "surrogatepass")
         # struct's 's' pads with NUL bytes on write, so the stored prefix compares equal.
         prefix = data[:ID_PREFIX_BYTES].ljust(ID_PREFIX_BYTES, b"\0")
         return self._hash(data), min(len(data), 0xFFFF), prefix
@@ -162,7 +188,11 @@ class RequestTable(MappedFile):
     # -- readers ----------------------------------------------------------------------------
 
     def lookup(self, request_id: str) -> RequestEntry | None:
-        """Entry for `request_id`, or None. Lock-free; retries while a writer is active."""
+        """Entry for `request_id`, or None. Lock-free; retries while a writer is active.
+
+        A table stuck mid-write (its writer died or is stopped inside an update) answers None,
+        as for an unknown id: the caller falls back to the stamps the request carries.
+        """
         h, n, prefix = self._key(request_id)
         words = self._words
         backoff = Backoff()
@@ -173,7 +203,8 @@ class RequestTable(MappedFile):
                 if words[_GEN_WORD] == gen:
                     return None if fields is None else RequestEntry(fields[3], fields[1], fields[2])
             if not backoff.again():
-                raise RuntimeError(f"{self.path}: table stuck mid-write (writer died?)")
+                self.stale_reads += 1
+                return None
 
     def __contains__(self, request_id: str) -> bool:
         return self.lookup(request_id) is not None
@@ -259,9 +290,20 @@ class _FileLock:
         self._thread_lock = thread_lock
 
     def __enter__(self) -> None:
-        self._thread_lock.acquire()
+        if not self._thread_lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise TableBusyError("request table: write lock held too long in this process")
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TableBusyError(
+                            "request table: another process holds its write lock (stopped?)"
+                        ) from None
+                    time.sleep(0.001)
         except BaseException:
             self._thread_lock.release()
             raise

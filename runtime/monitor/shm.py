@@ -7,10 +7,13 @@ dir is used instead; that is slower only when the page cache is flushed, which i
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -36,9 +39,29 @@ def shm_path(name: str) -> Path:
     return shm_dir() / name
 
 
-def create_mapping(path: str | os.PathLike[str], size: int) -> tuple[int, mmap.mmap]:
-    """Create (or truncate) `path` to `size` zero bytes and map it; returns (fd, map)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_mapping(
+    path: str | os.PathLike[str], size: int, *, stale: Callable[[Path], bool] | None = None
+) -> tuple[int, mmap.mmap]:
+    """Create `path` as a new file of `size` zero bytes (mode 0600) and map it; (fd, map).
+
+    Never follows a symlink and never reuses a file: O_EXCL|O_NOFOLLOW. When the name is taken,
+    `stale(path)` may declare the old file dead (its creator is gone); it is then removed and
+    the creation retried once. Anything else there (a symlink, another user's file, a live
+    owner's record) raises FileExistsError.
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, _CREATE_FLAGS, 0o600)
+    except FileExistsError:
+        if stale is None or not _own_regular_file(p) or not stale(p):
+            msg = f"{p} exists (not a stale record of this user): not replaced"
+            raise FileExistsError(msg) from None
+        p.unlink(missing_ok=True)
+        fd = os.open(p, _CREATE_FLAGS, 0o600)
     try:
         os.ftruncate(fd, size)  # tmpfs zero-fills: every seq counter starts even (0)
         return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -48,20 +71,59 @@ def create_mapping(path: str | os.PathLike[str], size: int) -> tuple[int, mmap.m
 
 
 def open_mapping(path: str | os.PathLike[str], min_size: int) -> tuple[int, mmap.mmap]:
-    """Map an existing file read-write; raises FileNotFoundError or ValueError (too small)."""
-    fd = os.open(path, os.O_RDWR)
+    """Map an existing regular file of this user read-write (never through a symlink).
+
+    Raises FileNotFoundError, or ValueError (too small, not a regular file, foreign owner).
+    """
     try:
-        size = os.fstat(fd).st_size
-        if size < min_size:
-            raise ValueError(f"{path}: {size} bytes, expected at least {min_size}")
-        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path}: is a symlink, not a shared-memory file") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{path}: owned by uid {st.st_uid}, not this user")
+        if st.st_size < min_size:
+            raise ValueError(f"{path}: {st.st_size} bytes, expected at least {min_size}")
+        return fd, mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)
         raise
 
 
-#: A seqlock reader gives up when one group stays mid-write this long (its writer likely died).
-STUCK_TIMEOUT_S = 1.0
+def _own_regular_file(path: Path) -> bool:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return True  # gone meanwhile: creating again is fine
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process `pid` exists and is not a zombie (0 or negative: never alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # State is the field after the parenthesised command name.
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill() said it exists
+
+
+#: A seqlock reader gives up when one group stays mid-write this long (its writer died or is
+#: stopped); the group then reads as stale, never as an error that could end the reader.
+STUCK_TIMEOUT_S = 0.25
 
 
 class Backoff:

@@ -92,6 +92,14 @@ class Abort:
 
 
 @dataclass(slots=True, frozen=True)
+class Cancel:
+    """Drop these requests (a client went away or its wait timed out): wherever they are in
+    the stage now, and hand-offs of them that reach it later. Not acknowledged."""
+
+    rids: tuple[str, ...]
+
+
+@dataclass(slots=True, frozen=True)
 class ProbeDecode:
     """Time `steps` decode iterations of a dummy batch at every SM level (stage idle).
 

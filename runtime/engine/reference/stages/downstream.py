@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Any, Protocol
 
 from horizonserve.runtime.config import ServingConfig
@@ -26,6 +27,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     READY,
     STOPPED,
     Abort,
+    Cancel,
     Event,
     Handoff,
     ProbeLoad,
@@ -42,6 +44,7 @@ from horizonserve.runtime.monitor import ControlRecord
 from horizonserve.runtime.spatial import UNCAPPED
 
 IDLE_BEAT_S = 0.1
+CANCELLED_KEPT = 1024  # cancelled ids remembered for hand-offs still on their way
 STAGE_KIND = {"speech": 1, "image": 2}  # control-record slot kind codes
 
 
@@ -65,6 +68,8 @@ class DownstreamStage(Protocol):
     def cancel_all(self) -> None: ...
 
     def abort(self, before: float) -> int: ...
+
+    def cancel(self, rids: tuple[str, ...]) -> int: ...
 
 
 def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
@@ -175,6 +180,7 @@ class DownstreamLoop:
         watch = ParentWatch()
         beat = 0.0
         aborted_before = -math.inf  # hand-offs of requests that arrived by then are dropped
+        cancelled: deque[str] = deque(maxlen=CANCELLED_KEPT)  # their hand-offs are dropped
         while True:
             msgs = drain(self.in_q, block=stage.idle)
             stop = False
@@ -190,7 +196,12 @@ class DownstreamLoop:
                     dropped = stage.abort(msg.before)
                     ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
                     self.events.put(ev)
-                elif isinstance(msg, Handoff) and msg.arrival <= aborted_before:
+                elif isinstance(msg, Cancel):
+                    cancelled.extend(msg.rids)
+                    stage.cancel(msg.rids)
+                elif isinstance(msg, Handoff) and (
+                    msg.arrival <= aborted_before or msg.rid in cancelled
+                ):
                     continue  # its request was aborted while it was on its way
                 else:
                     stage.submit(msg)

@@ -79,6 +79,13 @@ class ImageStage:
         self.active = [j for j in self.active if j.arrival > before]
         return n - self.in_flight
 
+    def cancel(self, rids: tuple[str, ...]) -> int:
+        """Drop these requests' jobs; returns how many."""
+        n, gone = self.in_flight, set(rids)
+        self.pending = deque(j for j in self.pending if j.rid not in gone)
+        self.active = [j for j in self.active if j.rid not in gone]
+        return n - self.in_flight
+
     @property
     def in_flight(self) -> int:
         return len(self.pending) + len(self.active)

@@ -36,6 +36,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     TRACE,
     Abort,
     Admit,
+    Cancel,
     Event,
     Handoff,
     ProbeDecode,
@@ -133,10 +134,10 @@ class SharedStage:
                 class_name=s.class_name,
                 features=features,
             )
-        except (KeyError, ValueError) as exc:
+            prompt, target = self.batcher.fit(self.prompt_len(admit), max(1, s.output_tokens))
+        except (KeyError, ValueError, OverflowError) as exc:
             self._emit(Event(ERROR, STAGE, self._clock(), s.rid, {"message": str(exc)}))
             return
-        prompt, target = self.batcher.fit(self.prompt_len(admit), max(1, s.output_tokens))
         self.waiting[s.rid] = Sequence(s.rid, prompt, target, SharedJob(sig, admit))
 
     @property
@@ -157,6 +158,18 @@ class SharedStage:
             if seq.payload.admit.arrival <= before:
                 self.batcher.finish(seq)
                 dropped += 1
+        return dropped
+
+    def cancel(self, rids: tuple[str, ...]) -> int:
+        """Drop these requests (waiting or running); returns how many were found."""
+        gone = set(rids)
+        dropped = 0
+        for rid in gone & self.waiting.keys():
+            self.policy.dequeue(self.waiting.pop(rid).payload.sig)
+            dropped += 1
+        for seq in [seq for seq in self.batcher.running if seq.rid in gone]:
+            self.batcher.finish(seq)
+            dropped += 1
         return dropped
 
     def _queued(self, sig: RequestSignals) -> Sequence:
@@ -365,6 +378,8 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
             elif isinstance(msg, Abort):
                 dropped = stage.abort(msg.before)
                 events.put(Event(ABORTED, STAGE, time.monotonic(), data={"dropped": dropped}))
+            elif isinstance(msg, Cancel):
+                stage.cancel(msg.rids)
             elif isinstance(msg, ProbeDecode):
                 events.put(
                     probe_decode(
@@ -382,6 +397,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
             break
         if stage.idle:
             stage.flush_trace(force=True)
+            writer.beat(time.monotonic_ns())  # liveness while idle (the supervisor reads it)
         else:
             stage.iterate()
     stage.flush_trace(force=True)

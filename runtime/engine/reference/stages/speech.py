@@ -98,6 +98,14 @@ class SpeechStage:
             self.batcher.finish(seq)
         return n - self.in_flight
 
+    def cancel(self, rids: tuple[str, ...]) -> int:
+        """Drop these requests (KV slots freed); returns how many."""
+        n, gone = self.in_flight, set(rids)
+        self.pending = deque(seq for seq in self.pending if seq.rid not in gone)
+        for seq in [seq for seq in self.batcher.running if seq.rid in gone]:
+            self.batcher.finish(seq)
+        return n - self.in_flight
+
     def cancel_all(self) -> None:
         """Drop every job (calibration only: nothing real is in flight then)."""
         self.pending.clear()
