@@ -13,6 +13,18 @@ Chains: a long-path request walks the pipeline's stages in order. A stage's *hea
 first chunk after `first_output_work` steps: to the next stage (which then processes that chunk
 as its own head job) or, at the last stage, as the request's first user-visible output. When a
 non-last job completes, the rest of the request's work goes to the next stage as a *tail* job.
+
+Admission is the policy's (`SchedulingPolicy.downstream_queue`, the control core's queue): head
+jobs wait in it (slack order under HorizonServe, FIFO for the baselines); tail jobs carry a
+stream that has already started, so they go first, in arrival order. Under downstream control a
+streaming stage also stops admitting head jobs at its real-time stream capacity
+(`realtime_streams`).
+
+Playback (streaming stages, `work_per_audio_second` > 0): a job's audio is produced at the
+stage's step rate, `work_per_audio_second` steps per second of audio; from its first chunk on,
+the client plays it in real time. Between two condition changes a job's credit moves linearly,
+so checking it at every change (`_play`) finds every underrun of the fluid model. Step yielding
+is not modelled (the fluid stage has no per-step batch).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 
+from horizonserve.runtime.downstream import AdmissionQueue, FifoQueue
 from horizonserve.runtime.sim.model import DownstreamCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
 
@@ -29,7 +42,7 @@ _EPS = 1e-7
 
 
 class Job:
-    __slots__ = ("first", "head", "req", "stage", "work")
+    __slots__ = ("clock", "first", "head", "req", "stage", "v0", "work")
 
     def __init__(
         self, req: SimRequest, stage: int, work: float, first: float | None, head: bool
@@ -39,6 +52,18 @@ class Job:
         self.work = work
         self.first = first if first is not None and first < work else None
         self.head = head
+        self.v0 = 0.0  # the stage's virtual step counter when the job entered service
+        self.clock: _Playback | None = None  # set at its first chunk (streaming stages)
+
+
+class _Playback:
+    """Playback of one stream in the fluid model: audio = (v − v0) / steps per audio second."""
+
+    __slots__ = ("generated", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start  # shifted by every stall
+        self.generated = 0.0
 
 
 class FluidStage:
@@ -46,30 +71,50 @@ class FluidStage:
 
     __slots__ = (
         "_seq",
+        "admit_limit",
         "busy_since",
         "busy_time",
         "cost",
         "heap",
         "in_service",
         "index",
+        "late",
         "max_batch",
+        "playing",
         "queue",
         "rate",
         "schedule",
+        "steps_per_audio_s",
         "t_last",
+        "tails",
+        "underruns",
         "v",
         "version",
     )
 
     def __init__(
-        self, index: int, cost: DownstreamCost, schedule: Callable[[float, int, int], None]
+        self,
+        index: int,
+        cost: DownstreamCost,
+        schedule: Callable[[float, int, int], None],
+        queue: AdmissionQueue | None = None,
+        admit_limit: int | None = None,
     ) -> None:
         self.index = index
         self.cost = cost
         self.max_batch = cost.cal.max_batch
+        # Head jobs in service at most this many (real-time capacity; max_batch by default).
+        self.admit_limit = (
+            self.max_batch if admit_limit is None else min(admit_limit, self.max_batch)
+        )
         self.schedule = schedule  # schedule(time, stage index, version)
         self.in_service = 0
-        self.queue: deque[Job] = deque()
+        self.queue: AdmissionQueue[Job] = FifoQueue() if queue is None else queue
+        self.tails: deque[Job] = deque()  # started streams' remaining work: admitted first
+        self.late = 0  # head jobs admitted after they could no longer meet their deadline
+        self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
+        self.playing: list[Job] = []  # jobs in service whose first chunk is out
+        self.underruns = 0
         self.heap: list[tuple[float, int, Job, bool]] = []  # (v target, seq, job, is_first)
         self._seq = itertools.count()
         self.v = 0.0
@@ -81,12 +126,31 @@ class FluidStage:
 
     @property
     def active(self) -> bool:
-        return self.in_service > 0 or bool(self.queue)
+        return self.in_service > 0 or bool(self.queue) or bool(self.tails)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue) + len(self.tails)
 
     def advance(self, now: float) -> None:
         if self.rate:
             self.v += (now - self.t_last) * self.rate
         self.t_last = now
+        if self.playing:
+            self._play(now)
+
+    def _play(self, now: float) -> None:
+        """Bring every playing stream's credit up to `now`; count the underruns."""
+        per_s = self.steps_per_audio_s
+        v = self.v
+        for job in self.playing:
+            clock = job.clock
+            assert clock is not None
+            clock.generated = (v - job.v0) / per_s
+            dry = (now - clock.start) - clock.generated
+            if dry > 1e-9:
+                self.underruns += 1
+                clock.start += dry
 
     def _start(self, job: Job, now: float) -> None:
         if self.in_service == 0:
@@ -94,17 +158,37 @@ class FluidStage:
         self.in_service += 1
         seq = next(self._seq)
         v = self.v
+        job.v0 = v
         if job.first is not None:
             heapq.heappush(self.heap, (v + job.first, seq, job, True))
         heapq.heappush(self.heap, (v + job.work, seq, job, False))
 
+    def _fill(self, now: float) -> None:
+        """Admit while a place is free: started streams first, then the policy's queue (new
+        streams only up to `admit_limit`)."""
+        tails = self.tails
+        while tails and self.in_service < self.max_batch:
+            self._start(tails.popleft(), now)
+        queue = self.queue
+        while queue and self.in_service < self.admit_limit:
+            popped = queue.pop(now)
+            assert popped is not None
+            job, late = popped
+            if late:
+                self.late += 1
+            self._start(job, now)
+
     def submit(self, job: Job, now: float) -> None:
         """A job arrives; the caller re-rates the stage afterwards (`rerate`)."""
         self.advance(now)
-        if self.in_service < self.max_batch:
-            self._start(job, now)
+        if not job.head:
+            self.tails.append(job)
         else:
-            self.queue.append(job)
+            req = job.req
+            stamp = req.stamp
+            assert stamp is not None
+            self.queue.push(job, stamp, stamp.downstream_s)
+        self._fill(now)
 
     def rerate(
         self,
@@ -141,10 +225,15 @@ class FluidStage:
         while heap and heap[0][0] <= limit:
             _, _, job, is_first = heapq.heappop(heap)
             due.append((job, is_first))
-            if not is_first:
+            if is_first:
+                if self.steps_per_audio_s > 0.0:
+                    job.clock = _Playback(now)  # the first chunk's audio is credit
+                    self.playing.append(job)
+            else:
                 self.in_service -= 1
-        while self.queue and self.in_service < self.max_batch:
-            self._start(self.queue.popleft(), now)
+                if job.clock is not None:
+                    self.playing.remove(job)
+        self._fill(now)
         if self.in_service == 0 and self.busy_since >= 0:
             self.busy_time += now - self.busy_since
             self.busy_since = -1.0

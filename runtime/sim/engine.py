@@ -34,12 +34,14 @@ import time
 
 import numpy as np
 
+from horizonserve.runtime.calibrate.artifact import DownstreamStageCalibration
 from horizonserve.runtime.config import Metric, Path
+from horizonserve.runtime.downstream import Stamp, realtime_streams
 from horizonserve.runtime.policy import SchedulingPolicy, make_policy
 from horizonserve.runtime.profiler import InputFeatures
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
-from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of
+from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of, sync_sig
 from horizonserve.runtime.sim.result import SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
@@ -83,10 +85,8 @@ class Simulator:
         self.uncapped_sharing = self.system.uncapped_sharing
         self.events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
-        self.stages = [
-            FluidStage(i, DownstreamCost(d, cal), self._schedule_down)
-            for i, d in enumerate(cal.downstream)
-        ]
+        self.stages = [self._make_stage(i, d) for i, d in enumerate(cal.downstream)]
+        self.preemptive = self.policy.preemption
         self.ref_batch = cal.downstream[0].max_batch
         self.requests: list[SimRequest] = []
         self._class_meta = [(c.path is Path.LONG, c.metric, c.name) for c in setup.slo.classes]
@@ -128,6 +128,22 @@ class Simulator:
 
     def _schedule_down(self, t: float, stage: int, version: int) -> None:
         self._push(t, _DOWN, stage, version)
+
+    def _make_stage(self, i: int, cal: DownstreamStageCalibration) -> FluidStage:
+        """A downstream stage with the policy's admission queue; under downstream control a
+        streaming stage admits new streams only up to its real-time capacity, judged at the
+        guaranteed co-running split (S_tot − S_cap, next to a busy shared stage)."""
+        cost = DownstreamCost(cal, self.setup.cal)
+        limit = None
+        if self.policy.downstream_control and cal.work_per_audio_second > 0:
+            ladder = self.setup.cal.ladder
+            down = ladder.headroom(ladder.s_cap)
+
+            def step_s(b: int) -> float:
+                return cost.step_s(b, down, True, ladder.s_cap, Sharing.PARTITION)
+
+            limit = realtime_streams(step_s, 1.0 / cal.work_per_audio_second, cal.max_batch)
+        return FluidStage(i, cost, self._schedule_down, self.policy.downstream_queue(), limit)
 
     # -- requests ------------------------------------------------------------------------------
     def _make_request(self, i: int) -> tuple[SimRequest, InputFeatures]:
@@ -191,7 +207,7 @@ class Simulator:
 
     # -- shared stage ---------------------------------------------------------------------------
     def _downstream_active(self) -> bool:
-        return any(s.in_service or s.queue for s in self.stages)
+        return any(s.active for s in self.stages)
 
     def _occupancy(self) -> float:
         return sum(s.in_service for s in self.stages) / self.ref_batch
@@ -229,6 +245,8 @@ class Simulator:
         switched = self.prev_decided_sms is not None and sms != self.prev_decided_sms
         self.prev_decided_sms = sms
         self.level = level
+        if backlog and self.preemptive:
+            shared.preempt_for_urgent(self.policy, now)
         batch = shared.form_batch(dec.view, self.policy)
         if not batch.seqs:
             self.busy = False
@@ -298,7 +316,7 @@ class Simulator:
         out["pressure"].append(float("nan") if pressure is None else round(pressure, 4))
         out["sample"].append(round(sample, 4))
         s0 = self.stages[0]
-        out["down_jobs"].append(s0.in_service + len(s0.queue))
+        out["down_jobs"].append(s0.in_service + s0.waiting)
         out["down_active"].append(1 if active else 0)
 
     def _on_shared_done(self, now: float) -> None:
@@ -309,7 +327,12 @@ class Simulator:
         shared = self.shared
         for req, tokens in batch.chunks:
             req.prefilled += tokens
-            if req.prefilled >= req.prompt:
+            if req.prefilled >= req.prompt and req.restart:  # recompute done: one more token
+                req.restart = False
+                req.decoded += 1
+                req.last_token = now
+                self._progress(req, now)
+            elif req.prefilled >= req.prompt:
                 if req.decode_len > 0:
                     req.decoded = 1
                     req.first_token = now
@@ -334,6 +357,7 @@ class Simulator:
     def _progress(self, req: SimRequest, now: float) -> None:
         if req.long_path and not req.handed and req.decoded >= req.handoff_at:
             req.handed = True
+            req.stamp = Stamp.of(sync_sig(req))
             self._submit(0, req, now, head=True, from_chunk=False)
         if req.decoded >= req.decode_len and req.prefilled >= req.prompt:
             self.shared.release(req)
@@ -476,6 +500,9 @@ class Simulator:
         }
         for s in self.stages:
             stats[f"{s.cost.cal.name}_busy_frac"] = s.busy_time / sim_s
+        stats["downstream_late"] = float(sum(s.late for s in self.stages))
+        stats["underruns"] = float(sum(s.underruns for s in self.stages))
+        stats["preemptions"] = float(self.shared.preemptions)
         return SimResult(
             system=self.system.name,
             pipeline=setup.spec.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from horizonserve.runtime.downstream import Stamp
 from horizonserve.runtime.profiler import RequestSignals
 
 NOT_YET = -1.0  # timestamp not reached
@@ -13,6 +14,7 @@ class SimRequest:
     __slots__ = (
         "arrival",
         "audio_out_s",
+        "base_prompt",
         "cls",
         "decode_len",
         "decoded",
@@ -25,9 +27,13 @@ class SimRequest:
         "kv_need",
         "last_token",
         "long_path",
+        "preempted",
         "prefilled",
         "prompt",
+        "restart",
         "sig",
+        "stamp",
+        "underruns",
     )
 
     def __init__(
@@ -45,13 +51,14 @@ class SimRequest:
         self.idx = idx
         self.cls = cls
         self.arrival = arrival
-        self.prompt = prompt  # prompt tokens to prefill
+        self.prompt = prompt  # tokens to prefill (the prompt, plus decoded ones on a restart)
+        self.base_prompt = prompt
         self.decode_len = decode_len  # shared-stage tokens to produce (incl. the first)
         self.handoff_at = handoff_at  # tokens produced before the downstream hand-off
         self.long_path = long_path
         self.audio_out_s = audio_out_s
         self.images = images
-        self.kv_need = prompt + decode_len  # reserved at admission; no preemption modelled
+        self.kv_need = prompt + decode_len  # reserved at admission, freed by a preemption
         self.prefilled = 0
         self.decoded = 0
         self.handed = False
@@ -59,6 +66,31 @@ class SimRequest:
         self.last_token = NOT_YET
         self.first_response = NOT_YET
         self.sig: RequestSignals | None = None
+        self.stamp: Stamp | None = None  # set at the hand-off, travels downstream
+        self.restart = False  # re-prefilling after a preemption (recompute, as vLLM does)
+        self.preempted = 0
+        self.underruns = 0
+
+    def preempt(self) -> None:
+        """Back to waiting as a decode continuation: the KV is gone, so the prompt and the
+        tokens decoded so far are prefilled again before decoding resumes."""
+        self.prompt = self.base_prompt + self.decoded
+        self.prefilled = 0
+        self.restart = True
+        self.preempted += 1
+
+
+def sync_sig(req: SimRequest) -> RequestSignals:
+    """The request's signals with its progress (the engines record it as it happens; the
+    simulator brings it up to date only where a decision reads it)."""
+    sig = req.sig
+    assert sig is not None
+    prefilled = req.prefilled >= req.prompt and not req.restart
+    if sig.prefilled != prefilled or sig.decoded_tokens != req.decoded:
+        sig.prefilled = prefilled
+        sig.decoded_tokens = req.decoded
+        sig.protect_at = sig.deadline - sig.guard * sig.remaining_s()
+    return sig
 
 
 def sig_of(req: SimRequest) -> RequestSignals:

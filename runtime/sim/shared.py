@@ -5,7 +5,12 @@ beyond the engine's: running requests first (decodes and unfinished prefill chun
 waiting requests the policy's view shows, in view order, while the batch has a sequence slot,
 token budget and KV capacity left (the first request that does not fit stops admission, as in
 vLLM). Prefills are chunked to the token budget. A request's KV footprint (prompt + output) is
-reserved at admission, so no preemption happens.
+reserved at admission, so KV never forces a preemption.
+
+Preemption is the policy's (`SchedulingPolicy.preemption_victim`, the control core's rule):
+while every sequence slot is taken and a protected short-path request waits, the chosen
+long-path decode leaves the running set, frees its slot and KV, and goes back to waiting as a
+decode continuation that re-prefills its prompt and decoded tokens (vLLM's recompute).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
 from horizonserve.runtime.policy import SchedulingPolicy
 from horizonserve.runtime.profiler import RequestSignals
-from horizonserve.runtime.sim.request import SimRequest, sig_of
+from horizonserve.runtime.sim.request import SimRequest, sig_of, sync_sig
 from horizonserve.runtime.temporal import StepView
 
 
@@ -34,7 +39,15 @@ class Batch:
 
 
 class SharedStage:
-    __slots__ = ("kv_capacity", "kv_used", "max_seqs", "max_tokens", "running", "waiting")
+    __slots__ = (
+        "kv_capacity",
+        "kv_used",
+        "max_seqs",
+        "max_tokens",
+        "preemptions",
+        "running",
+        "waiting",
+    )
 
     def __init__(self, cal: SharedStageCalibration) -> None:
         self.max_seqs = cal.max_num_seqs
@@ -45,6 +58,7 @@ class SharedStage:
         # Signals -> request, in FIFO arrival order (the policy's entry order): O(1) removal,
         # and the view's lookup from a request's signals.
         self.waiting: dict[RequestSignals, SimRequest] = {}
+        self.preemptions = 0
 
     @property
     def has_work(self) -> bool:
@@ -52,6 +66,24 @@ class SharedStage:
 
     def fits_ever(self, req: SimRequest) -> bool:
         return req.kv_need <= self.kv_capacity
+
+    def preempt_for_urgent(self, policy: SchedulingPolicy, now: float) -> SimRequest | None:
+        """With every slot taken: preempt the policy's victim, if it names one (call after
+        `policy.step`, before `form_batch`). The victim waits again as a continuation."""
+        if len(self.running) < self.max_seqs:
+            return None
+        victim = policy.preemption_victim(self.running, now, sync_sig, _handed)
+        if victim is None:
+            return None
+        self.running.remove(victim)
+        self.kv_used -= victim.kv_need
+        victim.preempt()
+        sig = sync_sig(victim)
+        sig.prefilled = True  # a continuation for the view: always visible
+        policy.requeue(sig, now)
+        self.waiting[sig] = victim
+        self.preemptions += 1
+        return victim
 
     def form_batch(self, view: StepView, policy: SchedulingPolicy) -> Batch:
         """Build this iteration's batch; admitted requests leave the policy's waiting queue."""
@@ -68,7 +100,7 @@ class SharedStage:
                 budget -= take
             else:
                 batch.decodes.append(req)
-                batch.cached_tokens += req.prompt + req.decoded
+                batch.cached_tokens += req.base_prompt + req.decoded
                 budget -= 1
         running = self.running
         if budget <= 0 or len(running) >= self.max_seqs or not self.waiting:
@@ -101,3 +133,7 @@ class SharedStage:
         self.running = [
             r for r in self.running if r.prefilled < r.prompt or r.decoded < r.decode_len
         ]
+
+
+def _handed(req: SimRequest) -> bool:
+    return req.handed

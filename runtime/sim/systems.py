@@ -40,11 +40,21 @@ SYSTEMS: dict[str, System] = {
         System("mps", "MPS", PolicyName.FCFS, mps=True),
         System("edf-mps", "EDF-MPS", PolicyName.EDF, mps=True),
         System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
+        System("priority", "Priority (vLLM)", PolicyName.PRIORITY),
+        System("priority-mps", "Priority-MPS (vLLM)", PolicyName.PRIORITY, mps=True),
+        System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
         System("horizon-no-throttling", "w/o SM throttling", PolicyName.NO_THROTTLING, mps=True),
+        System("horizon-no-downstream", "w/o downstream control", PolicyName.NO_DOWNSTREAM),
+        System("horizon-no-preemption", "w/o preemption", PolicyName.NO_PREEMPTION),
     )
 }
-BASELINES = ("fcfs", "edf", "mps", "edf-mps")
-ABLATIONS = ("horizon-no-rotation", "horizon-no-throttling")
+BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
+ABLATIONS = (
+    "horizon-no-rotation",
+    "horizon-no-throttling",
+    "horizon-no-downstream",
+    "horizon-no-preemption",
+)
 MAIN = ("horizon", *BASELINES)
 
 
