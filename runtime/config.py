@@ -296,6 +296,13 @@ class ControlParams(_Model):
         "urgent runnable request has less slack, give an idle side's SMs away. Eq. (1)'s "
         "pressure rule stays the bound inside the ladder.",
     )
+    throttling_pays: bool = Field(
+        True,
+        description="Calibration's verdict for this pipeline: capping the shared stage beside "
+        "its downstream co-runner costs less than uncapped co-running under MPS. False: the "
+        "shared stage runs uncapped beside the downstream, and the ladder only reserves SMs "
+        "for an urgent downstream side.",
+    )
     split_slack_margin: float = Field(
         1.0,
         ge=0,
@@ -386,6 +393,10 @@ POD_NAME_ENV = "HORIZONSERVE_POD_NAME"
 POD_NAMESPACE_ENV = "HORIZONSERVE_POD_NAMESPACE"
 METRICS_PORT_ENV = "HORIZONSERVE_METRICS_PORT"  # the sidecar's /metrics and /healthz port
 SUMMARY_ANNOTATION = "horizonserve.io/summary"  # pod annotation holding a NodeSummary as JSON
+# The node's ConfigMap (named by the operator): the sidecar publishes the NodeSummary under
+# SUMMARY_KEY there, the only object its RBAC lets it write; calibration artifacts sit beside it.
+SUMMARY_CONFIGMAP_ENV = "HORIZONSERVE_SUMMARY_CONFIGMAP"
+SUMMARY_KEY = "summary.json"
 
 
 class CalibrationMode(StrEnum):

@@ -57,6 +57,15 @@ class PodAnnotationPublisher:
         self._api.patch_namespaced_pod(self._pod, self._namespace, body)
 
 
+class ConfigMapPublisher(PodAnnotationPublisher):
+    """Writes the summary into the node's ConfigMap (SUMMARY_CONFIGMAP_ENV) under SUMMARY_KEY:
+    a merge patch of one key, the one write the sidecar's RBAC allows."""
+
+    def publish(self, summary: cfg.NodeSummary) -> None:
+        body = {"data": {cfg.SUMMARY_KEY: summary.to_annotation()}}
+        self._api.patch_namespaced_config_map(self._pod, self._namespace, body)
+
+
 @dataclass
 class CalibrationState:
     artifact: Path | None = None
@@ -206,7 +215,15 @@ def run(args: argparse.Namespace) -> int:
     serving = cfg.ServingConfig.model_validate_json(_env(cfg.SERVING_CONFIG_ENV))
     publisher = None
     if not args.no_publish:
-        publisher = PodAnnotationPublisher(_env(cfg.POD_NAMESPACE_ENV), _env(cfg.POD_NAME_ENV))
+        namespace, configmap = (
+            _env(cfg.POD_NAMESPACE_ENV),
+            os.environ.get(cfg.SUMMARY_CONFIGMAP_ENV),
+        )
+        publisher = (
+            ConfigMapPublisher(namespace, configmap)
+            if configmap
+            else PodAnnotationPublisher(namespace, _env(cfg.POD_NAME_ENV))
+        )
     sidecar = Sidecar(
         serving=serving,
         node=_env(cfg.NODE_NAME_ENV),
