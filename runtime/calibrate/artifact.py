@@ -181,6 +181,12 @@ class PipelineCalibration(_Model):
     notes: dict[str, str] = Field(
         default_factory=dict, description="Provenance of individual fields (field → source)."
     )
+    deploy_profile: str | None = Field(
+        None,
+        description="Deploy profile (engine.deploy) the engine ran when this was measured; the "
+        "simulator takes slot limits, token budgets and first-chunk sizes from it. None: the "
+        "limits written in this entry.",
+    )
 
     def backlog_lift_pays(self) -> bool:
         """Whether the shared stage decodes faster on S_aggr as an MPS client next to a

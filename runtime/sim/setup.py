@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from horizonserve.runtime.calibrate.artifact import (
     CalibrationArtifact,
+    DownstreamStageCalibration,
     PipelineCalibration,
     load_artifact,
 )
@@ -18,8 +19,40 @@ from horizonserve.runtime.config import (
     SloTable,
     load_pipeline,
 )
+from horizonserve.runtime.engine.deploy import DeployLimits, load_deploy
 from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.workload import load_workload
+
+
+def with_deploy(cal: PipelineCalibration, deploy: DeployLimits) -> PipelineCalibration:
+    """`cal` with the engine limits of `deploy`: the shared stage's sequences and token budget
+    (thinker), each downstream stage's slots, and the first-chunk size. Stages the deploy file
+    does not name keep the artifact's values.
+
+    The talker's work is codec codes (`work_per_audio_second` codes per spoken second), so its
+    first output is the first chunk's codes; code2wav's work is seconds of audio, so its first
+    output is that chunk's duration. Without chunking both hand on only the whole answer.
+    """
+    sh = cal.shared
+    if deploy.has("thinker"):
+        t = deploy.stage("thinker")
+        upd = {"max_num_seqs": t.max_num_seqs, "max_num_batched_tokens": t.max_num_batched_tokens}
+        sh = sh.model_copy(update=upd)
+    chunk = deploy.chunking
+    codes_per_s = next((d.work_per_audio_second for d in cal.downstream if d.name == "talker"), 0)
+    down: list[DownstreamStageCalibration] = []
+    for d in cal.downstream:
+        if not deploy.has(d.name):
+            down.append(d)
+            continue
+        upd2: dict[str, object] = {"max_batch": deploy.stage(d.name).max_num_seqs}
+        if d.name == "talker":
+            upd2["first_output_work"] = float(chunk.first) if chunk else None
+        elif d.name == "code2wav" and codes_per_s > 0:
+            first = chunk.first / codes_per_s * d.work_per_audio_second if chunk else None
+            upd2["first_output_work"] = first
+        down.append(d.model_copy(update=upd2))
+    return cal.model_copy(update={"shared": sh, "downstream": down})
 
 
 @dataclass(frozen=True)
@@ -38,6 +71,7 @@ class SimSetup:
         control: ControlParams | None = None,
         *,
         derive_profiles: bool = True,
+        deploy_profile: str | None = None,
     ) -> SimSetup:
         """The pipeline file's classes on `artifact` (default: the package's default artifact).
 
@@ -45,10 +79,17 @@ class SimSetup:
         simulated (`sim.profiles.derive_profile`), as a calibration on that GPU would record
         them; for the default artifact they equal the shipped ones (a test checks it). Without,
         the pipeline file's profiles are used whatever the artifact.
+
+        Engine limits come from the deploy description (`engine.deploy`) under
+        `deploy_profile`, else under the artifact's own `deploy_profile`; with neither, the
+        artifact's limits stand.
         """
         spec = load_pipeline(pipeline)
         art = artifact if artifact is not None else load_artifact()
         cal = art.pipeline(pipeline)
+        profile = deploy_profile or cal.deploy_profile
+        if profile is not None:
+            cal = with_deploy(cal, load_deploy(pipeline, profile))
         ctl = control if control is not None else cal.control()
         slo = spec.slo
         if derive_profiles:

@@ -4,11 +4,24 @@
 talker of the Omni talker's size plus a code-to-waveform block (speech), and a DiT of the size
 of current open image generators (image). `tiny` keeps the same structure at sizes a CPU runs
 in milliseconds, for CI. Weights are random; only shapes and compute matter.
+
+Serving limits (KV slots, token budgets, CUDA graphs or eager, code2wav chunking) are not
+written here: they come from the deploy description (`horizonserve.runtime.engine.deploy`), the
+vLLM-Omni deploy YAML of Qwen2.5-Omni for thinker / talker / code2wav and BAGEL's for the DiT,
+under a named profile ("stock": the files as shipped; "tuned": graphs and larger batches). Only
+`max_len` (tokens per KV slot) is the preset's, a fact of the model size it runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from horizonserve.runtime.engine.deploy import DeployLimits, load_deploy
+
+# The reference engine's profile until its stages take one from their config: "tuned" is what
+# the engine ran before the deploy description existed (the H200 campaigns). "stock" (the
+# shipped vLLM-Omni files, code2wav fed each answer whole) is `get_preset(name, "stock")`.
+ENGINE_PROFILE = "tuned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +98,30 @@ class PipelinePreset:
     talker: DecoderDims
     talker_limits: StageLimits
     code2wav: Code2WavDims
-    code_chunk: int  # talker codes per waveform chunk (the first chunk is the first response)
+    code_chunk: int  # talker codes per later waveform chunk (max_len: the answer whole)
     dit: DitDims
     dit_max_batch: int
+    first_chunk: int = 0  # codes in the first chunk, the first response (0: code_chunk)
+    code2wav_max_batch: int = 0  # code2wav jobs vocoded per iteration (0: no limit)
+    profile: str = ""  # the deploy profile the limits came from
+    deploy: DeployLimits | None = None  # speech (Qwen2.5-Omni) deploy; per-stage graphs/eager
+    image_deploy: DeployLimits | None = None  # image (BAGEL) deploy: the DiT stage
     tokens_per_audio_second: int = 25  # shared-stage prompt tokens per second of input audio
     tokens_per_image: int = 256  # shared-stage prompt tokens per input image
     tokens_per_video_second: int = 128  # shared-stage prompt tokens per second of input video
     codes_per_audio_second: int = 50  # talker codec codes per second of spoken answer
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a preset fixes itself: model dimensions and tokens per KV slot."""
+
+    thinker: DecoderDims
+    talker: DecoderDims
+    code2wav: Code2WavDims
+    dit: DitDims
+    max_len: int
+    media: dict[str, int]  # tokens_per_* / codes_per_audio_second overrides
 
 
 THINKER_7B = DecoderDims(
@@ -116,43 +146,78 @@ DIT_TINY = DitDims(
     hidden=32, layers=2, heads=4, patch_tokens=16, latent_channels=8, cond_tokens=4, steps=4
 )
 
-PRESETS: dict[str, PipelinePreset] = {
-    "full": PipelinePreset(
-        name="full",
-        thinker=THINKER_7B,
-        thinker_limits=StageLimits(max_batch=48, max_len=4096, max_prefill_tokens=8192),
-        talker=TALKER,
-        talker_limits=StageLimits(max_batch=16, max_len=4096, max_prefill_tokens=16384),
-        code2wav=CODE2WAV,
-        code_chunk=25,
-        dit=DIT,
-        dit_max_batch=4,
-    ),
-    "tiny": PipelinePreset(
-        name="tiny",
-        thinker=THINKER_TINY,
-        thinker_limits=StageLimits(max_batch=8, max_len=256, max_prefill_tokens=512),
-        talker=TALKER_TINY,
-        talker_limits=StageLimits(max_batch=4, max_len=256, max_prefill_tokens=512),
-        code2wav=CODE2WAV_TINY,
-        code_chunk=4,
-        dit=DIT_TINY,
-        dit_max_batch=2,
-        tokens_per_audio_second=4,
-        tokens_per_image=8,
-        tokens_per_video_second=8,
-        codes_per_audio_second=4,
+_SHAPES: dict[str, _Shape] = {
+    "full": _Shape(THINKER_7B, TALKER, CODE2WAV, DIT, max_len=4096, media={}),
+    "tiny": _Shape(
+        THINKER_TINY,
+        TALKER_TINY,
+        CODE2WAV_TINY,
+        DIT_TINY,
+        max_len=256,
+        media={
+            "tokens_per_audio_second": 4,
+            "tokens_per_image": 8,
+            "tokens_per_video_second": 8,
+            "codes_per_audio_second": 4,
+        },
     ),
 }
+SPEECH_PIPELINE = "qwen2_5_omni"  # whose deploy file sizes thinker, talker and code2wav
+IMAGE_PIPELINE = "bagel"  # whose deploy file sizes the DiT
 
 
-def get_preset(name: str, **limits: int) -> PipelinePreset:
-    """A preset by name; `max_batch=`/`max_len=` override the thinker's limits."""
+def _limits(deploy: DeployLimits, role: str, max_len: int) -> StageLimits:
+    st = deploy.stage(role)
+    slot_len = min(max_len, st.max_model_len) if st.max_model_len else max_len
+    return StageLimits(
+        max_batch=st.max_num_seqs, max_len=slot_len, max_prefill_tokens=st.max_num_batched_tokens
+    )
+
+
+def build_preset(name: str, profile: str = ENGINE_PROFILE) -> PipelinePreset:
+    """Preset `name`'s model shapes with the serving limits of deploy profile `profile`."""
     try:
-        preset = PRESETS[name]
+        shape = _SHAPES[name]
     except KeyError:
-        known = list(PRESETS)
+        known = list(_SHAPES)
         raise ValueError(f"preset: unknown preset {name!r}; choose one of {known}") from None
+    speech = load_deploy(SPEECH_PIPELINE, profile)
+    image = load_deploy(IMAGE_PIPELINE, profile)
+    talker = _limits(speech, "talker", shape.max_len)
+    chunk = speech.chunking
+    # Without chunking the code2wav stage gets each answer whole: one chunk as long as a slot.
+    every = chunk.every if chunk else talker.max_len
+    first = chunk.first if chunk else talker.max_len
+    if name == "tiny" and chunk:  # the tiny codec speaks 4 codes a second, not 50
+        per_s = shape.media["codes_per_audio_second"]
+        every = first = max(1, round(per_s * chunk.first / 50))
+    return PipelinePreset(
+        name=name,
+        thinker=shape.thinker,
+        thinker_limits=_limits(speech, "thinker", shape.max_len),
+        talker=shape.talker,
+        talker_limits=talker,
+        code2wav=shape.code2wav,
+        code_chunk=every,
+        dit=shape.dit,
+        dit_max_batch=image.stage("dit").max_num_seqs,
+        first_chunk=first,
+        code2wav_max_batch=speech.stage("code2wav").max_num_seqs,
+        profile=profile,
+        deploy=speech,
+        image_deploy=image,
+        **shape.media,
+    )
+
+
+PRESETS: dict[str, PipelinePreset] = {name: build_preset(name) for name in _SHAPES}
+
+
+def get_preset(name: str, profile: str = ENGINE_PROFILE, **limits: int) -> PipelinePreset:
+    """A preset under deploy profile `profile`; `max_batch=`/`max_len=` override the thinker's."""
+    preset = PRESETS[name] if name in PRESETS and profile == ENGINE_PROFILE else None
+    if preset is None:
+        preset = build_preset(name, profile)
     if limits:
         preset = replace(preset, thinker_limits=replace(preset.thinker_limits, **limits))
     return preset
