@@ -41,7 +41,7 @@ def bounded(
     hi_sym = ")" if high_open else "]"
     lo_txt = "-inf" if low is None else f"{low:g}"
     hi_txt = "inf" if high is None else f"{high:g}"
-    span = f"{lo_sym}{lo_txt}, {hi_txt}{hi_sym}"
+    span = f"in {lo_sym}{lo_txt}, {hi_txt}{hi_sym}"
     if low is not None and high is None:
         span = f"{'>' if low_open else '>='} {low:g}"
     what = ("a whole number " if integer else "a number ") + span + (f" {unit}" if unit else "")
@@ -61,6 +61,7 @@ def bounded(
 positive = bounded(0.0, low_open=True)
 non_negative = bounded(0.0)
 positive_int = bounded(1, integer=True)
+non_negative_int = bounded(0, integer=True)
 fraction = bounded(0.0, 1.0)  # a share, 0–1
 attainment = bounded(0.0, 1.0, low_open=True)  # a target attainment, (0, 1]
 

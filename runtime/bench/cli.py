@@ -13,18 +13,10 @@ import importlib
 import time
 from pathlib import Path
 
+from horizonserve.runtime import cli_types as ck
 from horizonserve.runtime.config import PIPELINES
 
 OVERHEAD_MODULE = "horizonserve.runtime.bench.overhead"
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,19 +37,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
+        type=ck.one_of(list(SYSTEMS), "system"),
+        default=tuple(SYSTEMS),
         help="comma-separated systems (default: all): " + ", ".join(SYSTEMS),
     )
-    g.add_argument("--rates", type=_floats, help="arrival rates, req/s (default: workload file)")
-    g.add_argument("--long-ratios", type=_floats, help="long-path shares 0–1 (default 0–0.6)")
-    g.add_argument("--long-rate", type=float, help="offered load of the long-path sweep, req/s")
-    g.add_argument("--duration", type=float, default=240.0, help="simulated s per point (240)")
-    g.add_argument("--warmup", type=float, help="simulated s excluded at the start (10 %%)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--jobs", type=int, help="worker processes (default: all cores)")
-    g.add_argument("--slo-multiplier", type=float, default=5.0, help="SLO = m × solo p95 (5)")
-    g.add_argument("--artifact", help="calibration artifact JSON (default: the packaged one)")
-    g.add_argument("--out", type=Path, help="output folder (default horizonserve-out/bench-<ts>)")
+    g.add_argument(
+        "--rates",
+        type=ck.number_list(ck.positive),
+        help="arrival rates, req/s, each > 0 (default: workload file)",
+    )
+    g.add_argument(
+        "--long-ratios",
+        type=ck.number_list(ck.fraction),
+        help="long-path shares, each 0–1 (default 0–0.6)",
+    )
+    g.add_argument(
+        "--long-rate", type=ck.positive, help="offered load of the long-path sweep, req/s"
+    )
+    g.add_argument(
+        "--duration", type=ck.positive, default=240.0, help="simulated s per point (240)"
+    )
+    g.add_argument(
+        "--warmup",
+        type=ck.non_negative,
+        help="simulated s excluded at the start, below --duration (10 %%)",
+    )
+    g.add_argument("--seed", type=ck.non_negative_int, default=0)
+    g.add_argument("--jobs", type=ck.positive_int, help="worker processes (default: all cores)")
+    g.add_argument("--slo-multiplier", type=ck.positive, default=5.0, help="SLO = m × solo p95 (5)")
+    g.add_argument(
+        "--artifact",
+        type=ck.input_file,
+        help="calibration artifact JSON (default: the packaged one)",
+    )
+    g.add_argument(
+        "--out",
+        type=ck.output_dir,
+        help="output folder (default horizonserve-out/bench-<ts>)",
+    )
     g.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -69,56 +86,48 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from horizonserve.runtime.bench.report import summary_table, write_report
+    from horizonserve.runtime.bench.report import combined_summary, summary_table, write_report
     from horizonserve.runtime.bench.sweep import SweepConfig, run_sweep
-    from horizonserve.runtime.sim.systems import get_system
+    from horizonserve.runtime.progress import Progress, phase
 
-    systems = tuple(get_system(s.strip()).name for s in args.systems.split(",") if s.strip())
+    warmup = args.warmup if args.warmup is not None else 0.1 * args.duration
+    if warmup >= args.duration:
+        raise ValueError(
+            f"--warmup {warmup:g} must be below --duration {args.duration:g}; lower it or "
+            "leave it out (10 % of --duration)"
+        )
     pipelines = list(PIPELINES) if args.pipeline == "all" else [args.pipeline]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = args.out or Path("horizonserve-out") / f"bench-{stamp}"
+    t0 = time.perf_counter()
+    raws = {}
     for pipeline in pipelines:
         cfg = SweepConfig(
             pipeline=pipeline,
-            systems=systems,
+            systems=tuple(args.systems),
             rates=args.rates,
             long_ratios=args.long_ratios,
             long_sweep_rate=args.long_rate,
             duration_s=args.duration,
-            warmup_s=args.warmup if args.warmup is not None else 0.1 * args.duration,
+            warmup_s=warmup,
             seed=args.seed,
             jobs=args.jobs,
             slo_multiplier=args.slo_multiplier,
             artifact_path=args.artifact,
         )
-        progress = _Progress(f"simulating {pipeline}", disable=args.no_progress)
-        print(f"horizonserve bench: {pipeline} — measuring solo p95 per class (simulated) …")
-        raw = run_sweep(cfg, on_total=progress.start, on_done=progress.step)
-        progress.close()
+        bar = Progress(f"simulating {pipeline}", "run", disable=args.no_progress)
+        phase(f"horizonserve bench: {pipeline} — measuring solo p95 per class (simulated) …")
+        try:
+            raw = run_sweep(cfg, on_total=bar.start, on_done=bar.step)
+        finally:
+            bar.close()
         out = root / pipeline if len(pipelines) > 1 else root
         write_report(raw, out, plots=not args.no_plots)
         print(summary_table(raw))
         print(f"results (simulated): {out.resolve()}")
+        raws[pipeline] = raw
+    if len(pipelines) > 1:
+        print()
+        print(combined_summary(raws, time.perf_counter() - t0))
+        print(f"results (simulated): {root.resolve()}")
     return 0
-
-
-class _Progress:
-    """A tqdm bar opened once the number of runs is known."""
-
-    def __init__(self, desc: str, disable: bool) -> None:
-        self.desc = desc
-        self.disable = disable
-        self.bar: object | None = None
-
-    def start(self, total: int) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc=self.desc, unit="run", disable=self.disable, leave=False)
-
-    def step(self, _result: object) -> None:
-        if self.bar is not None:
-            self.bar.update(1)  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()  # type: ignore[attr-defined]

@@ -201,9 +201,13 @@ def _table(result: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--batch", type=int, default=16, help="prefills the base scheduler takes")
-    parser.add_argument("--rounds", type=int, default=25)
+    from horizonserve.runtime.cli_types import positive_int
+
+    parser.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES))
+    parser.add_argument(
+        "--batch", type=positive_int, default=16, help="prefills the base scheduler takes"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=25)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

@@ -101,6 +101,7 @@ def run_sweep(
             "targets_s": setup.targets(),
         },
         "results": results,
+        "workload_tokens": mean_output_tokens(workload, setup.long_classes),
         "timing": {
             "solo_wall_s": t_solo,
             "sweep_wall_s": wall,
@@ -110,6 +111,20 @@ def run_sweep(
     }
     raw["findings"] = findings(raw)
     return raw
+
+
+def mean_output_tokens(workload: WorkloadSpec, long_classes: tuple[str, ...]) -> dict[str, float]:
+    """Mean answer length (shared-stage output tokens) of the short- and long-path classes,
+    weighted by the default mix (the report uses it to explain the long-path sweep)."""
+    out: dict[str, float] = {}
+    for path, members in (
+        ("short", [c for c in workload.classes if c.name not in long_classes]),
+        ("long", [c for c in workload.classes if c.name in long_classes]),
+    ):
+        total = sum(c.weight for c in members)
+        if total > 0:
+            out[path] = sum(c.weight * c.output_tokens.mean for c in members) / total
+    return out
 
 
 # -- reading a sweep --------------------------------------------------------------------------

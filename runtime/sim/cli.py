@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from horizonserve.runtime import cli_types as ck
+from horizonserve.runtime.bench.report import note
 from horizonserve.runtime.config import PIPELINES
 
 
@@ -22,26 +26,38 @@ def _mix(text: str) -> dict[str, float]:
             continue
         name, sep, w = part.partition("=")
         try:
-            out[name.strip()] = float(w) if sep else 1.0
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"mix: bad weight in {part!r}") from None
+            out[name.strip()] = ck.non_negative(w) if sep else 1.0
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"weight of {name.strip()!r}: {exc}") from None
+    if not any(v > 0 for v in out.values()):
+        raise argparse.ArgumentTypeError("give at least one class a weight > 0")
     return out
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pipeline", default="qwen2_5_omni", choices=PIPELINES)
-    p.add_argument("--artifact", help="calibration artifact JSON (default: the packaged one)")
+def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
+    choices = [*PIPELINES, "all"] if allow_all else list(PIPELINES)
+    p.add_argument(
+        "--pipeline",
+        default="qwen2_5_omni",
+        choices=choices,
+        help="pipeline (default qwen2_5_omni)" + ("; 'all' for the three" if allow_all else ""),
+    )
+    p.add_argument(
+        "--artifact",
+        type=ck.input_file,
+        help="calibration artifact JSON (default: the packaged one)",
+    )
     p.add_argument("--mix", type=_mix, help="class weights, e.g. text-text=3,text-speech=1")
-    p.add_argument("--long-ratio", type=float, help="share of long-path requests (0–1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-multiplier", type=float, default=5.0)
+    p.add_argument("--long-ratio", type=ck.fraction, help="share of long-path requests (0–1)")
+    p.add_argument("--seed", type=ck.non_negative_int, default=0)
+    p.add_argument("--slo-multiplier", type=ck.positive, default=5.0, help="SLO = m × solo p95 (5)")
     p.add_argument(
         "--slo",
         choices=("measured", "defaults"),
         default="measured",
         help="SLO from solo runs through the simulator (default) or the pipeline file",
     )
-    p.add_argument("--json", type=Path, help="also write the result as JSON here")
+    p.add_argument("--json", type=ck.output_file, help="also write the result as JSON here")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,19 +65,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     r = sub.add_parser("run", help="simulate one system at one arrival rate")
-    _common(r)
+    _common(r, allow_all=False)
     r.add_argument("--system", default="horizon", choices=list(SYSTEMS))
-    r.add_argument("--rate", type=float, default=5.0, help="arrival rate, req/s")
-    r.add_argument("--duration", type=float, default=240.0, help="simulated seconds")
+    r.add_argument("--rate", type=ck.positive, default=5.0, help="arrival rate, req/s (> 0)")
+    r.add_argument(
+        "--duration", type=ck.positive, default=240.0, help="simulated seconds (> 0; 240)"
+    )
     r.add_argument("--trace", action="store_true", help="include the control trace in --json")
     p = sub.add_parser("plan", help="highest sustainable rate per system at a target attainment")
-    _common(p)
-    p.add_argument("--target", type=float, default=0.9, help="attainment target (0.9)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated systems")
-    p.add_argument("--requests", type=int, default=1500, help="requests per evaluation (1500)")
-    p.add_argument("--tol", type=float, default=0.02, help="relative bracket width (0.02)")
-    p.add_argument("--start", type=float, default=1.0, help="first rate tried, req/s")
-    p.add_argument("--jobs", type=int, help="worker processes (default: all cores)")
+    _common(p, allow_all=True)
+    p.add_argument(
+        "--target", type=ck.attainment, default=0.9, help="attainment target, (0, 1] (0.9)"
+    )
+    p.add_argument(
+        "--systems",
+        type=ck.one_of(list(SYSTEMS), "system"),
+        default=tuple(SYSTEMS),
+        help="comma-separated systems (default: all): " + ", ".join(SYSTEMS),
+    )
+    p.add_argument(
+        "--requests", type=ck.positive_int, default=1500, help="requests per evaluation (1500)"
+    )
+    p.add_argument(
+        "--tol",
+        type=ck.bounded(0.0, 1.0, low_open=True, high_open=True),
+        default=0.02,
+        help="relative bracket width, (0, 1) (0.02)",
+    )
+    p.add_argument("--start", type=ck.positive, default=1.0, help="first rate tried, req/s")
+    p.add_argument("--jobs", type=ck.positive_int, help="worker processes (default: all cores)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def artifact_info(path: str | None) -> dict[str, Any]:
@@ -85,18 +118,18 @@ def artifact_line(info: dict[str, Any]) -> str:
     return f"calibration artifact: {info['file']} ({kind}; {info['gpu']})"
 
 
-def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, float]]:
+def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str, float]]:
     from horizonserve.runtime.calibrate.artifact import load_artifact
     from horizonserve.runtime.sim.setup import SimSetup
     from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
     from horizonserve.runtime.workload import load_workload, mix_weights
 
-    setup = SimSetup.load(args.pipeline, load_artifact(args.artifact))
-    workload = load_workload(args.pipeline)
+    setup = SimSetup.load(pipeline, load_artifact(args.artifact))
+    workload = load_workload(pipeline)
+    mix = mix_weights(workload, setup.long_classes, args.long_ratio, args.mix)
     if args.slo == "measured":
         p95 = measure_solo_p95(setup, workload, seed=args.seed, n=200)
         setup = setup.with_solo_p95(p95, solo_source(200, args.seed), args.slo_multiplier)
-    mix = mix_weights(workload, setup.long_classes, args.long_ratio, args.mix)
     return setup, workload, mix
 
 
@@ -118,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     from horizonserve.runtime.sim.engine import simulate
     from horizonserve.runtime.workload import generate
 
-    setup, workload, mix = _setup(args)
+    setup, workload, mix = _setup(args, args.pipeline)
     trace = generate(
         workload,
         mix,
@@ -133,8 +166,8 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"SIMULATED {args.pipeline} / {args.system} at {args.rate:g} req/s, "
         f"{args.duration:g} s, seed {args.seed}: attainment {_p(s['attainment'])} "
-        f"(short {_p(s['short_attainment'])}, long {_p(s['long_attainment'])}), goodput "
-        f"{s['goodput_rps']:.2f} req/s, TPOT p50/p95 {_ms(s['tpot_p50_ms'])}/"
+        f"(short-path {_p(s['short_attainment'])}, long-path {_p(s['long_attainment'])}), "
+        f"goodput {s['goodput_rps']:.2f} req/s, TPOT p50/p95 {_ms(s['tpot_p50_ms'])}/"
         f"{_ms(s['tpot_p95_ms'])} ms"
     )
     print(artifact_line(artifact_info(args.artifact)))
@@ -144,79 +177,146 @@ def _run(args: argparse.Namespace) -> int:
             f"{name:<22}{c['requests']:>6}{_p(c['attainment']):>9}{_s(c['p50_s']):>9}"
             f"{_s(c['p95_s']):>9}{c['target_s']:>9.3f}"
         )
+    print(note(RUN_COLUMNS))
     print(
         f"speed {st['speed_x']:.0f}x real time ({st['sim_s']:.0f} simulated s in "
-        f"{st['wall_s']:.2f} s); shared busy {st['shared_busy_frac']:.0%}, co-running "
-        f"{st['corun_frac']:.0%}"
+        f"{st['wall_s']:.2f} s); shared stage busy {st['shared_busy_frac']:.0%} of the time, "
+        f"downstream stages co-running with it {st['corun_frac']:.0%}"
     )
+    if not s["classes"] or all(c["requests"] == 0 for c in s["classes"].values()):
+        print(
+            "note: no request arrived after the warm-up; raise --duration or --rate",
+            file=sys.stderr,
+        )
     data = result.to_json()
     data["summary"] = s
     _dump(args.json, data)
     return 0
 
 
+RUN_COLUMNS = (
+    "columns: n = requests of the class that arrived after the warm-up (first 10 %); "
+    "attain = share answered within the class's SLO; p50 s / p95 s = first-response latency "
+    "(∞: some never answered within the run); SLO s = the class's first-response target"
+)
+PLAN_COLUMNS = (
+    "columns: sustains req/s = highest arrival rate simulated at or above the target; "
+    "attain = its attainment; fails at req/s = a rate just above it simulated below the target "
+    "(–: none found up to 10^4 req/s); attain = attainment there; runs = simulations the "
+    "search took"
+)
+
+
 def _plan(args: argparse.Namespace) -> int:
+    """One plan per pipeline (`--pipeline all`: the three, then a combined table)."""
+    pipelines = list(PIPELINES) if args.pipeline == "all" else [args.pipeline]
+    t0 = time.perf_counter()
+    plans = {p: _plan_one(args, p, len(pipelines) > 1) for p in pipelines}
+    if len(pipelines) > 1:
+        print()
+        print(combined_plan_table(plans, args.target, time.perf_counter() - t0))
+    if args.json is not None:
+        data = plans[pipelines[0]] if len(pipelines) == 1 else {"pipelines": plans}
+        _dump(args.json, data)
+    return 0
+
+
+def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[str, Any]:
     from dataclasses import replace
 
+    from horizonserve.runtime.progress import Progress, phase
     from horizonserve.runtime.sim.plan import plan
-    from horizonserve.runtime.sim.systems import get_system
     from horizonserve.runtime.workload import generate
 
     t0 = time.perf_counter()
-    setup, workload, mix = _setup(args)
-    systems = [get_system(s.strip()).name for s in args.systems.split(",") if s.strip()]
+    quiet = args.no_progress
+    if args.slo == "measured":
+        phase(f"{pipeline}: measuring each class's solo p95 (simulated) …", disable=quiet)
+    setup, workload, mix = _setup(args, pipeline)
+    systems = list(args.systems)
     unit = generate(workload, mix, rate=1.0, n_requests=args.requests, seed=args.seed)
     unit = replace(unit, warmup_s=0.1 * unit.duration_s)
-    import os
-
-    results = plan(
-        setup,
-        unit,
-        systems,
-        target=args.target,
-        tol=args.tol,
-        start=args.start,
-        seed=args.seed,
-        jobs=args.jobs or os.cpu_count() or 1,
-    )
+    bar = Progress(f"planning {pipeline}", "system", disable=quiet)
+    bar.start(len(systems))
+    try:
+        results = plan(
+            setup,
+            unit,
+            systems,
+            target=args.target,
+            tol=args.tol,
+            start=args.start,
+            seed=args.seed,
+            jobs=args.jobs or os.cpu_count() or 1,
+            on_done=bar.step,
+        )
+    finally:
+        bar.close()
     wall = time.perf_counter() - t0
     mix_txt = ", ".join(f"{k} {v:.0%}" for k, v in mix.items() if v > 0)
+    if several:
+        print()
     print(
-        f"SIMULATED capacity plan — {args.pipeline}, target {args.target:.0%} SLO attainment "
+        f"SIMULATED capacity plan — {pipeline}, target {args.target:.0%} SLO attainment "
         f"(SLO = {setup.slo.multiplier:g} x solo p95), {args.requests} requests, seed "
         f"{args.seed}, tolerance {args.tol:.0%}\nmix: {mix_txt}"
     )
     info = artifact_info(args.artifact)
     print(artifact_line(info))
+    width = max(len("system"), *(len(s) for s in systems)) + 2
     print(
-        f"{'system':<24}{'sustains req/s':>15}{'attain':>8}{'fails at':>10}{'attain':>8}{'runs':>6}"
+        f"{'system':<{width}}{'sustains req/s':>15}{'attain':>8}{'fails at req/s':>16}"
+        f"{'attain':>8}{'runs':>6}"
     )
     for r in sorted(results, key=lambda r: -r.rate_ok):
         fail = "–" if r.rate_fail == float("inf") else f"{r.rate_fail:.3f}"
         print(
-            f"{get_system(r.system).label:<24}{r.rate_ok:>15.3f}{_p(r.attainment_ok):>8}"
-            f"{fail:>10}{_p(r.attainment_fail):>8}{len(r.evaluations):>6}"
+            f"{r.system:<{width}}{r.rate_ok:>15.3f}{_p(r.attainment_ok):>8}"
+            f"{fail:>16}{_p(r.attainment_fail):>8}{len(r.evaluations):>6}"
         )
+    print(note(PLAN_COLUMNS))
     evals = sum(len(r.evaluations) for r in results)
     print(f"{evals} simulated runs in {wall:.1f} s (wall, incl. solo SLO measurement)")
-    _dump(
-        args.json,
-        {
-            "label": "simulated",
-            "pipeline": args.pipeline,
-            "artifact": info,
-            "target": args.target,
-            "mix": mix,
-            "slo_targets_s": setup.targets(),
-            "slo_source": setup.slo_source,
-            "requests": args.requests,
-            "tol": args.tol,
-            "seed": args.seed,
-            "wall_s": wall,
-            "systems": [r.to_json() for r in results],
-        },
+    return {
+        "label": "simulated",
+        "pipeline": pipeline,
+        "artifact": info,
+        "target": args.target,
+        "mix": mix,
+        "slo_targets_s": setup.targets(),
+        "slo_source": setup.slo_source,
+        "requests": args.requests,
+        "tol": args.tol,
+        "seed": args.seed,
+        "wall_s": wall,
+        "systems": [r.to_json() for r in results],
+    }
+
+
+def combined_plan_table(plans: dict[str, dict[str, Any]], target: float, wall: float) -> str:
+    """Sustained req/s per system (rows) and pipeline (columns), one line per system."""
+    pipelines = list(plans)
+    systems = list(dict.fromkeys(r["system"] for p in plans.values() for r in p["systems"]))
+    rate = {(p, r["system"]): r["rate_ok"] for p, d in plans.items() for r in d["systems"]}
+    width = max(len("system"), *(len(s) for s in systems)) + 2
+    cols = [max(len(p), 8) + 2 for p in pipelines]
+    lines = [
+        f"SIMULATED capacity plan, all pipelines — sustained req/s at {target:.0%} attainment",
+        f"{'system':<{width}}" + "".join(f"{p:>{w}}" for p, w in zip(pipelines, cols, strict=True)),
+    ]
+    for s in systems:
+        cells = [
+            f"{rate[(p, s)]:>{w}.3f}" if (p, s) in rate else f"{'–':>{w}}"
+            for p, w in zip(pipelines, cols, strict=True)
+        ]
+        lines.append(f"{s:<{width}}" + "".join(cells))
+    lines.append(
+        note(
+            "columns: each pipeline's highest arrival rate (req/s) simulated at or above the target"
+        )
     )
-    return 0
+    lines.append(f"wall: {wall:.1f} s for the {len(pipelines)} pipelines")
+    return "\n".join(lines)
 
 
 def _p(v: float | None) -> str:
