@@ -166,3 +166,23 @@ def hs_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable
     yield configure
     shared.reset_for_tests()
     api.set_api_state(None)
+
+
+@pytest.fixture
+def build(hs_env, make_scheduler, clock):
+    """`build(kind="omni_ar", policy="horizon", control=None, **SchedulerParams)`: the shared
+    stage's scheduler built through `ar_scheduler` (what EngineCore calls) on the fake clock."""
+    from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
+
+    def build(
+        kind: str = "omni_ar",
+        policy: str = "horizon",
+        control: dict[str, Any] | None = None,
+        **params: Any,
+    ) -> tuple[Any, Any]:
+        config = hs_env(policy, **(control or {}))
+        sched = make_scheduler(kind, scheduler_cls=ar_scheduler, **params)
+        sched.horizon.clock_ns = clock
+        return sched, config
+
+    return build

@@ -18,46 +18,11 @@ from typing import Any
 
 import pytest
 from factory import fake_model_output, run_step
-from horizon import ids, new_ids, resumed_ids, stamped
+from horizon import add, assert_index_in_sync, ids, new_ids, resumed_ids, stamped
 
 pytestmark = pytest.mark.vllm
 
 TEXT, SPEECH = 0, 10
-
-
-@pytest.fixture
-def build(hs_env, make_scheduler, clock):
-    """`build(kind="omni_ar", policy="horizon", control=None, **SchedulerParams)`."""
-    from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
-
-    def build(
-        kind: str = "omni_ar",
-        policy: str = "horizon",
-        control: dict[str, Any] | None = None,
-        **params: Any,
-    ) -> tuple[Any, Any]:
-        config = hs_env(policy, **(control or {}))
-        sched = make_scheduler(kind, scheduler_cls=ar_scheduler, **params)
-        sched.horizon.clock_ns = clock
-        return sched, config
-
-    return build
-
-
-def add(sched: Any, config: Any, clock: Any, specs: list[tuple[str, int, float]], n: int = 8):
-    """Add requests (id, priority, age in seconds at arrival) in this queue order."""
-    for rid, prio, age in specs:
-        arrival = clock.now_ns - int(age * 1e9)
-        sched.add_request(stamped(config, rid, n, prio, arrival))
-
-
-def assert_index_in_sync(sched: Any) -> None:
-    hs = sched.horizon
-    queued = ids(sched.waiting) + ids(sched.skipped_waiting)
-    assert sorted(hs.waiting) == sorted(queued)
-    for request in list(sched.waiting) + list(sched.skipped_waiting):
-        assert request._hs_sig.waiting
-    assert hs.n_short_prefill + hs.n_long_prefill <= len(hs.waiting)
 
 
 def test_factory_builds_the_stage_classes(build, make_scheduler):

@@ -22,6 +22,15 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      queue order), vLLM's scheduler runs on them, and the originals are restored exactly:
      taken requests leave, requests the base scheduler put back (preempted, skipped) go to the
      front as it left them, every other request keeps its original position;
+  2b. shared-stage preemption (policies with `preemption`): when a protected short-path
+     prefill waits and the running set is full — no free place (`max_num_running_reqs`) or
+     too few free KV blocks for its first chunk — the running long-path decode the policy
+     picks (`policy.preemption_victim`: most slack, never short-path, protected or still
+     prefilling) is preempted through vLLM's own `_preempt_request` (KV blocks freed, back to
+     the front of `waiting` as a decode continuation, reported to the model runner in
+     `preempted_req_ids`), once per place the protected prefills need. In that step the view
+     hides the victims and shows the protected short-path prefills first, so the freed places
+     go to them and not straight back to the victims;
   4. requests the base scheduler took are `dequeue`d;
   5. the split is published in the control record, which the workers read before the forward.
      vLLM runs a step's prefills and decodes in one forward, so the shared count published is
@@ -58,7 +67,7 @@ from vllm.v1.core.sched.scheduler import Scheduler as VLLMScheduler
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
-from horizonserve.runtime.config import ServingConfig
+from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
 from horizonserve.runtime.engine.vllm_omni.stamps import (
@@ -172,6 +181,9 @@ class SharedStageController:
         self.waiting: dict[str, Any] = {}
         self.n_short_prefill = 0
         self.n_long_prefill = 0
+        # Waiting short-path prefills by id (the only candidates for a protected short-path
+        # request that may trigger preemption): O(short waiting) to find the protected ones.
+        self._short_prefills: dict[str, Any] = {}
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
         # Urgent-prefill boost: only a throttling policy has a cap to rise above.
         self._boost = config.control.urgent_prefill_boost and isinstance(
@@ -189,6 +201,8 @@ class SharedStageController:
         self.last_decision: StepDecision | None = None
         self.last_shared_sms = config.ladder.aggressive  # SMs published for the last forward
         self.last_visible: list[str] = []
+        self.preemptions = 0  # running decodes preempted for protected short-path prefills
+        self.last_victims: list[str] = []
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
     def _enter(self, request: Any, sig: RequestSignals) -> None:
@@ -198,6 +212,7 @@ class SharedStageController:
                 self.n_long_prefill += 1
             else:
                 self.n_short_prefill += 1
+                self._short_prefills[request.request_id] = request
 
     def _leave(self, request: Any, sig: RequestSignals) -> None:
         if self.waiting.pop(request.request_id, None) is None:
@@ -207,6 +222,7 @@ class SharedStageController:
                 self.n_long_prefill -= 1
             else:
                 self.n_short_prefill -= 1
+                self._short_prefills.pop(request.request_id, None)
         self.policy.dequeue(sig)
 
     def _class_of(self, request: Any) -> tuple[int, str | None, int, bool]:
@@ -393,19 +409,23 @@ class SharedStageController:
         long_hidden = not view.long_visible or view.long_limit is not None
         return self.n_short_prefill > 0 or (long_hidden and self.n_long_prefill > 0)
 
-    def hide(self, sched: Any, view: StepView) -> _Token | None:
-        """Swap in queues holding only what the base scheduler may see; None: nothing to do."""
+    def hide(self, sched: Any, view: StepView, victims: list | None = None) -> _Token | None:
+        """Swap in queues holding only what the base scheduler may see; None: nothing to do.
+
+        `victims`: requests preempted for this step's protected short-path prefills; hidden
+        this step, and those prefills shown first (see the module docstring, step 2b).
+        """
         w, s = sched.waiting, sched.skipped_waiting
         if not w and not s:
             return None
         free = free_slots(sched)
-        if free <= 0 or not self._may_hide(view):
+        if free <= 0 or not (victims or self._may_hide(view)):
             return None
         try:
-            vis_w, vis_s = self._walk(view, w, s, free)
+            vis_w, vis_s = self._walk(view, w, s, free, victims)
         except AttributeError:  # a queued request without signals: adopt everything, again
             self.audit(sched)
-            vis_w, vis_s = self._walk(view, w, s, free)
+            vis_w, vis_s = self._walk(view, w, s, free, victims)
         vw = create_request_queue(sched.policy)
         vs = create_request_queue(sched.policy)
         _fill(vw, vis_w)
@@ -415,13 +435,17 @@ class SharedStageController:
         self.last_visible = [r.request_id for r in chain(vis_s, vis_w)]
         return _Token(w, s, vis_w, vis_s, vw, vs)
 
-    def _walk(self, view: StepView, w: Any, s: Any, free: int) -> tuple[list, list]:
+    def _walk(
+        self, view: StepView, w: Any, s: Any, free: int, victims: list | None = None
+    ) -> tuple[list, list]:
         """Visible requests of `skipped_waiting` (all) and `waiting` (at most free + margin).
 
         The walk stops once the window is full, so it costs O(window + hidden requests before
         the window's last one); with few visible requests (a long-path phase under the cap)
         it walks the whole queue. `_SIG` is a C-level attribute read: no Python call per item.
         """
+        if victims:
+            return self._walk_preempted(view, w, s, free, victims)
         margin = self.knobs.window_margin
         vis_s = list(view.iter_visible(s, _SIG)) if s else []
         if margin is None or view.edf:
@@ -429,6 +453,99 @@ class SharedStageController:
         else:
             vis_w = list(islice(view.iter_visible(w, _SIG), free + margin))
         return vis_w, vis_s
+
+    def _walk_preempted(
+        self, view: StepView, w: Any, s: Any, free: int, victims: list
+    ) -> tuple[list, list]:
+        """The view of a step that preempted `victims`: those hidden, the protected short-path
+        prefills first (queue order), then the step's visible window as `_walk` gives it.
+
+        The victims were running when the view was planned, so they are not part of its
+        `visible` count: the walk skips them instead of counting them.
+        """
+        hidden = set(victims)
+        urgent = {r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected}
+        skip = hidden | urgent
+        rest_w = [r for r in w if r not in skip]
+        rest_s = [r for r in s if r not in skip]
+        vis_w, vis_s = self._walk(view, rest_w, rest_s, free)
+        first_w = [r for r in w if r in urgent]
+        first_s = [r for r in s if r in urgent]
+        return first_w + vis_w, first_s + vis_s
+
+    # -- shared-stage preemption -------------------------------------------------------------
+    def preempt(self, sched: Any) -> list:
+        """Preempt running long-path decodes for the protected short-path prefills waiting on a
+        full running set (module docstring, step 2b); returns the victims (usually none).
+
+        O(1) unless a protected short-path prefill waits; then O(short waiting + running) per
+        victim. The number of victims is bounded by the places the protected prefills need.
+        """
+        policy = self.policy
+        if not policy.preemption or not policy.temporal.protected_short_waiting:
+            return []
+        urgent = [r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected]
+        free = free_slots(sched)
+        pool = sched.kv_cache_manager.block_pool
+        need_blocks = _first_chunk_blocks(sched, urgent)
+        now = self._step_ns * 1e-9
+        victims: list = []
+        while urgent:
+            short_of_places = len(urgent) > free + len(victims)
+            short_of_kv = pool.get_num_free_blocks() < need_blocks
+            if not (short_of_places or short_of_kv):
+                break
+            victim = policy.preemption_victim(self._decodes(sched), now, _SIG, self._handed_off)
+            if victim is None:
+                break
+            if not short_of_places and not sched._request_blocks_can_be_freed(victim):
+                break  # its blocks come back only after the step in flight: no KV gained now
+            self._preempt_one(sched, victim)
+            victims.append(victim)
+        self.last_victims = [v.request_id for v in victims]
+        return victims
+
+    @staticmethod
+    def _decodes(sched: Any) -> list:
+        """Running long-path requests past their prompt (the preemption candidates), with their
+        signals' progress brought up to date (decoded tokens: the slack estimate)."""
+        out = []
+        for request in sched.running:
+            sig = request.__dict__.get(SIG_ATTR)
+            if sig is None or not sig.long_path or request.is_prefill_chunk:
+                continue
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                continue
+            done = request.num_output_tokens - sig.decoded_tokens
+            if not sig.prefilled or done > 0:
+                sig.record_progress(prefilled=True, decoded=max(done, 0))
+            out.append(request)
+        return out
+
+    @staticmethod
+    def _handed_off(request: Any) -> bool:
+        """The shared stage produced the tokens the downstream stages need for the first
+        response (the class profile's decode tokens before hand-off)."""
+        sig = request.__dict__[SIG_ATTR]
+        return sig.decoded_tokens >= sig.costs.decode_tokens
+
+    def _preempt_one(self, sched: Any, victim: Any) -> None:
+        """vLLM's preemption path, as its own `schedule()` uses it under KV pressure: out of
+        `running` (by identity), `_preempt_request` (blocks freed, status PREEMPTED, to the
+        front of `waiting`, id into the next output's `preempted_req_ids`); the hook on
+        `_preempt_request` re-queues it in the policy as a decode continuation."""
+        running = sched.running
+        for i, request in enumerate(running):
+            if request is victim:
+                del running[i]
+                break
+        sched._preempt_request(
+            victim, time.monotonic(), drop_stale_output=sched.requires_kv_delivery
+        )
+        # As reset_prefix_cache does: the model runner drops its state; a later resume sends
+        # the full token ids.
+        sched.prev_step_scheduled_req_ids.discard(victim.request_id)
+        self.preemptions += 1
 
     def restore(self, sched: Any, token: _Token) -> None:
         """Put the original queues back: taken requests out, re-queued ones in front."""
@@ -444,7 +561,8 @@ class SharedStageController:
 
     def run(self, sched: Any, base_schedule: Callable[[bool], Any], throttle: bool) -> Any:
         decision = self.begin_step(sched)
-        token = self.hide(sched, decision.view)
+        victims = self.preempt(sched)
+        token = self.hide(sched, decision.view, victims)
         if token is None:
             out = base_schedule(throttle)
             self._dequeue_scheduled(sched, out)
@@ -469,6 +587,17 @@ class SharedStageController:
         sig = None if request is None else request.__dict__.get(SIG_ATTR)
         if sig is not None and sig.waiting:
             self._leave(request, sig)
+
+
+def _first_chunk_blocks(sched: Any, requests: list) -> int:
+    """KV blocks the first scheduled chunk of each request needs (token budget bound)."""
+    budget = sched.max_num_scheduled_tokens
+    size = sched.block_size
+    total = 0
+    for request in requests:
+        tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+        total += -(-tokens // size)
+    return total
 
 
 def _fill(queue: Any, requests: list) -> None:
@@ -533,8 +662,11 @@ class SharedStageHooks:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._hs = None
+        vllm_config = _config_of(args, kwargs)
+        controller = build_shared_controller(vllm_config)
+        use_vllm_priority(controller.config, vllm_config)
         super().__init__(*args, **kwargs)
-        self._hs = build_shared_controller(self.vllm_config)  # type: ignore[attr-defined]
+        self._hs = controller
         log.info(
             "HorizonServe: shared stage scheduler %s, policy %s, ladder %s",
             type(self).__name__,
@@ -672,6 +804,21 @@ class HorizonGenerationScheduler(DownstreamHooks, OmniGenerationScheduler):
 
 
 # -- construction ------------------------------------------------------------------------------
+
+
+def use_vllm_priority(config: ServingConfig, vllm_config: Any) -> bool:
+    """The "priority" baseline is vLLM's own priority scheduler: waiting requests by (API
+    priority code, arrival), preemption of the lowest-priority running request under KV
+    pressure. Under that policy the stage's `scheduling_policy` becomes "priority" before
+    vLLM builds its queues (whatever the command line said); the plugin's view then hides
+    nothing and never preempts, so vLLM's scheduler is in charge. True when switched."""
+    if config.policy is not PolicyName.PRIORITY:
+        return False
+    sc = vllm_config.scheduler_config
+    if sc.policy != "priority":
+        log.info("HorizonServe: policy priority: scheduling_policy %s -> priority", sc.policy)
+        sc.policy = "priority"
+    return True
 
 
 def build_shared_controller(vllm_config: Any) -> SharedStageController:

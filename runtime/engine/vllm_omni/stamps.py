@@ -8,6 +8,12 @@ passed in, and vLLM's `Request` keeps them. So the API hook puts one small dict 
 parameters carry no `extra_args` (the diffusion stage).
 
 Times are integer nanoseconds of CLOCK_MONOTONIC, one clock for every process of the host.
+
+The stamp is the control core's hand-off stamp (`runtime.downstream.Stamp`) in the plugin's
+units: class, priority code, original arrival, first-response deadline and the downstream
+estimate to the first response (from the class profile). It is made once, by the API hook,
+and every stage reads it (`as_core`); no stage recomputes any of it. Version 1 stamps (no
+downstream estimate) still read, with the estimate 0.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from horizonserve.runtime.config import Priority, SloTable
+from horizonserve.runtime.downstream import Stamp as CoreStamp
 
 STAMP_KEY = "horizonserve"
-STAMP_VERSION = 1
+STAMP_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 # Default priority code by requested output modality (paper §5): image > audio > text.
 _MODALITY_PRIORITY = (("image", Priority.IMAGE), ("audio", Priority.AUDIO))
@@ -33,6 +41,9 @@ class Stamp:
     class_name: str
     arrival_ns: int  # original arrival, monotonic ns
     deadline_ns: int  # arrival + the class SLO Δc, monotonic ns
+    # Estimated downstream time to the first response (all downstream stages), from the class
+    # profile: downstream steps to the first response × the step time. 0 for short-path.
+    downstream_ns: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,11 +53,12 @@ class Stamp:
             "class": self.class_name,
             "arrival_ns": self.arrival_ns,
             "deadline_ns": self.deadline_ns,
+            "downstream_ns": self.downstream_ns,
         }
 
     @classmethod
     def from_dict(cls, raw: Any) -> Stamp | None:
-        if not isinstance(raw, Mapping) or raw.get("v") != STAMP_VERSION:
+        if not isinstance(raw, Mapping) or raw.get("v") not in _READABLE_VERSIONS:
             return None
         try:
             return cls(
@@ -55,9 +67,21 @@ class Stamp:
                 str(raw["class"]),
                 int(raw["arrival_ns"]),
                 int(raw["deadline_ns"]),
+                int(raw.get("downstream_ns", 0)),
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+    def as_core(self) -> CoreStamp:
+        """The control core's hand-off stamp (seconds on the same monotonic clock)."""
+        return CoreStamp(
+            self.rid,
+            self.class_name,
+            self.priority,
+            self.arrival_ns * 1e-9,
+            self.deadline_ns * 1e-9,
+            self.downstream_ns * 1e-9,
+        )
 
     @property
     def arrival_s(self) -> float:
@@ -90,10 +114,16 @@ def known_priority(slo: SloTable, priority: int | None) -> bool:
 def make_stamp(
     slo: SloTable, rid: str, priority: int, arrival_ns: int, *, class_name: str | None = None
 ) -> Stamp:
-    """Class from the priority code (or name), deadline = arrival + Δc on the monotonic clock."""
+    """Class from the priority code (or name), deadline = arrival + Δc on the monotonic clock,
+    downstream estimate from the class profile (what `runtime.downstream.Stamp.of` gives a
+    request with no downstream step done)."""
     cls = slo.get(class_name) if class_name is not None else slo.class_for_priority(priority)
     target_ns = round(slo.target_s(cls.name) * 1e9)
-    return Stamp(rid, int(cls.priority), cls.name, arrival_ns, arrival_ns + target_ns)
+    p = cls.profile
+    downstream_ns = round(p.downstream_steps_to_first_response * p.downstream_step_s * 1e9)
+    return Stamp(
+        rid, int(cls.priority), cls.name, arrival_ns, arrival_ns + target_ns, downstream_ns
+    )
 
 
 def monotonic_from_wall(wall_s: float | None, *, now_ns: int | None = None) -> int:
