@@ -260,6 +260,12 @@ class ControlParams(_Model):
         "late it has missed its SLO and competes as an ordinary request, so protection is "
         "spent on requests that can still meet theirs.",
     )
+    reservation_pays: bool = Field(
+        True,
+        description="Calibration's verdict for this pipeline: the downstream co-runner steps "
+        "faster on the SMs the shared stage leaves it at S_min than as an uncapped MPS client. "
+        "False: an urgent downstream side gets uncapped co-running instead of the reservation.",
+    )
     unknown_pressure: float = Field(
         1.0,
         ge=0,
@@ -302,13 +308,6 @@ class ControlParams(_Model):
         "its downstream co-runner costs less than uncapped co-running under MPS. False: the "
         "shared stage runs uncapped beside the downstream, and the ladder only reserves SMs "
         "for an urgent downstream side.",
-    )
-    split_slack_margin: float = Field(
-        1.0,
-        ge=0,
-        le=100,
-        description="Slack ratio at or above which a side counts as comfortable: the split "
-        "moves toward the other side only while that side's urgent request is below it.",
     )
 
     @model_validator(mode="after")

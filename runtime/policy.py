@@ -22,6 +22,7 @@ preempts its lowest-priority running request (vLLM's rule, not HorizonServe's).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -75,6 +76,7 @@ class SchedulingPolicy:
         "preemption",
         "profiler",
         "reject_late",
+        "slack_split",
         "spatial",
         "temporal",
         "traits",
@@ -94,6 +96,8 @@ class SchedulingPolicy:
         self.downstream_control = t.downstream_control and control.downstream_admission
         self.preemption = t.preemption and control.shared_preemption
         self.reject_late = self.downstream_control and control.reject_late
+        # The engines compute the slack inputs of `step` only when the split reads them.
+        self.slack_split = t.throttling and control.slack_split
         # Playback yielding is part of downstream control; None: streams never yield.
         self.playback_margin_s = control.playback_margin_s if self.downstream_control else None
 
@@ -130,14 +134,36 @@ class SchedulingPolicy:
         downstream_active: bool,
         pressure_sample: float | None = None,
         backlog: bool = False,
+        running: Iterable[RequestSignals] = (),
+        downstream_slack: float | None = None,
     ) -> StepDecision:
         """Refresh signals, build the view, select the SM split (Algorithm 1, steps 1–3).
 
         `backlog`: the engine's running set is full while requests wait for a place.
+        `running`, `downstream_slack` (read only when `slack_split`): the shared stage's
+        running requests whose first response is still pending here (prefilling short-path,
+        long-path before the hand-off), and the downstream side's smallest slack ratio
+        (`downstream_slack` over its stages; None when none has a first response pending).
         """
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
-        return StepDecision(view, self.spatial.select(downstream_active, backlog), pressure)
+        shared_slack = self._shared_slack(now, running) if self.slack_split else None
+        sm = self.spatial.select(downstream_active, backlog, shared_slack, downstream_slack)
+        return StepDecision(view, sm, pressure)
+
+    def _shared_slack(self, now: float, running: Iterable[RequestSignals]) -> float | None:
+        """The shared side's smallest slack ratio: −inf while a protected request waits."""
+        if self.temporal.protected_waiting:
+            return -math.inf
+        best: float | None = None
+        for sig in running:
+            u = sig.slack_ratio(now)
+            if best is None or u < best:
+                best = u
+        waiting = self.temporal.earliest_waiting_slack(now)
+        if waiting is not None and (best is None or waiting < best):
+            best = waiting
+        return best
 
     # -- downstream and preemption ----------------------------------------------------------
     def downstream_queue(self) -> AdmissionQueue:
@@ -150,10 +176,24 @@ class SchedulingPolicy:
         now: float,
         signals: Callable[[T], RequestSignals],
         handed_off: Callable[[T], bool],
+        next_free_s: float = 0.0,
     ) -> T | None:
         """With the running set full: the running request to preempt for a waiting protected
-        short-path request (as of the last `step`), or None (see `preemption`)."""
-        if not self.preemption or not self.temporal.protected_short_waiting:
+        short-path request (as of the last `step`), or None (see `preemption`).
+
+        `next_free_s`: the engine's estimate of when a running request frees its place by
+        itself. A preemption costs the victim's recompute, so it is taken only when the most
+        pressed protected request cannot wait that long and still meet its deadline, and only
+        while nothing but protected requests waits (under a general backlog the recompute
+        only deepens it).
+        """
+        temporal = self.temporal
+        if not self.preemption or not temporal.protected_short_waiting:
+            return None
+        if temporal.ordinary_waiting:
+            return None  # a backlog, not a blocked urgent request: recompute would deepen it
+        can_wait = self.temporal.tightest_protected_short(now)
+        if can_wait is None or can_wait >= next_free_s:
             return None
         return choose_victim(running, now, signals, handed_off)
 

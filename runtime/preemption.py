@@ -5,7 +5,9 @@ slots or KV), the running long-path decode with the most slack is preempted thro
 engine's own preemption path (vLLM's `_preempt_request`, the reference engine's requeue), and
 comes back as a decode continuation. Invariants: a short-path request is never chosen; a
 request protected at `now` is never chosen; a prefill in progress is never chosen (only decodes);
-among the candidates the one with the largest slack ratio is chosen (ties: the latest admitted).
+a request already preempted once is never chosen again (its recompute is paid once, so
+preemption cannot thrash an overloaded stage); among the candidates the one with the largest
+slack ratio is chosen (ties: the latest admitted).
 A request already handed downstream has no first response left at this stage: its slack is
 infinite, so it goes first.
 """
@@ -24,7 +26,7 @@ T = TypeVar("T")
 def victim_slack(sig: RequestSignals, now: float, handed_off: bool) -> float | None:
     """Slack ratio of a running request as a preemption candidate; None if it may not be
     preempted (short-path, protected, or still prefilling)."""
-    if not sig.long_path or not sig.prefilled:
+    if not sig.long_path or not sig.prefilled or sig.preempted:
         return None
     if handed_off:
         return math.inf

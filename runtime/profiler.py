@@ -99,6 +99,7 @@ class RequestSignals:
     waiting: bool = False
     protected: bool = False  # latched once protected while waiting
     late: bool = False  # its deadline passed while waiting: no longer protected
+    preempted: int = 0  # times the shared stage preempted it (a request is preempted once)
 
     @property
     def cls(self) -> RequestClass:

@@ -18,6 +18,21 @@ and requests wait for a place (`backlog`), it is the bottleneck instead, and cap
 runs at S_aggr (level LIFTED) until the backlog clears. The published downstream headroom is 0,
 and a downstream stage keeps its guaranteed S_tot − S_cap.
 
+Slack split (`slack_split`, beyond Eq. 1): while co-running, the split follows both sides'
+most urgent runnable request. The engines pass each side's smallest slack ratio u (None: no
+first response pending on that side; −inf on the shared side: a protected request waits).
+When the downstream side's u is the smaller, the shared stage drops to S_min and the
+downstream gets S_tot − S_min; otherwise the shared stage takes Eq. (1)'s level, which stays
+the bound. An idle side gets nothing reserved: no downstream work → S_aggr; the engines give a
+downstream stage the whole GPU while the shared stage has nothing to run.
+
+Calibration decides, per pipeline, which configuration serves each side best (each the same
+kind of measurement as the backlog lift): `throttling_pays` False (uncapped co-running under
+MPS costs the shared stage no more than the cap) makes the shared side's level OPEN, the whole
+GPU under MPS beside the downstream, instead of Eq. (1)'s; `reservation_pays` False (the
+downstream co-runner steps faster as an uncapped MPS client than on S_tot − S_min) makes the
+urgent downstream side's configuration OPEN instead of S_min.
+
 Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
 the setting that protects short-path requests most while still bounding the shared stage.
 """
@@ -32,6 +47,7 @@ from horizonserve.runtime.config import ControlParams, SmLadder
 AGGRESSIVE = -1  # level index meaning "S_aggr, no downstream stage active"
 UNCAPPED = -2  # level index meaning "whole GPU, no throttling"
 LIFTED = -3  # level index meaning "S_aggr while co-running: the shared stage is backlogged"
+OPEN = -4  # level index meaning "whole GPU under MPS beside the downstream (no cap pays)"
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +98,10 @@ class SpatialController:
         "_ladder",
         "_levels",
         "_lift",
+        "_open",
         "_prev",
+        "_reserve",
+        "_slack_split",
         "_span",
         "ewma",
     )
@@ -97,6 +116,9 @@ class SpatialController:
         self._lift = control.backlog_lift
         self.ewma = PressureEwma(control.ewma_gamma)
         self._prev: SmDecision | None = None
+        self._slack_split = control.slack_split
+        self._open = not control.throttling_pays
+        self._reserve = control.reservation_pays
 
     @property
     def ladder(self) -> SmLadder:
@@ -120,14 +142,25 @@ class SpatialController:
         # Hysteresis: move only when the snapped target is at least h ladder steps away.
         return target if abs(target - prev.level) >= self._hyst else prev.level
 
-    def select(self, downstream_active: bool, backlog: bool = False) -> SmDecision:
-        """The shared-stage SM cap for this step (Eq. 1 with hysteresis, backlog lift)."""
+    def select(
+        self,
+        downstream_active: bool,
+        backlog: bool = False,
+        shared_slack: float | None = None,
+        downstream_slack: float | None = None,
+    ) -> SmDecision:
+        """The shared-stage SM cap for this step (Eq. 1 with hysteresis, backlog lift, slack
+        split; see the module doc for the slack arguments)."""
         prev = self._prev
         ladder = self._ladder
         if not downstream_active:
             level, shared = AGGRESSIVE, ladder.aggressive
         elif backlog and self._lift:
             level, shared = LIFTED, ladder.aggressive
+        elif self._slack_split and _downstream_first(shared_slack, downstream_slack):
+            level, shared = (0, self._levels[0]) if self._reserve else (OPEN, ladder.total)
+        elif self._open:
+            level, shared = OPEN, ladder.total
         else:
             raw = ladder.s_min + self.rho() * self._span
             level = self._target_level(raw, prev)
@@ -139,9 +172,17 @@ class SpatialController:
     def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
         ladder = self._ladder
         prefill = ladder.aggressive if self._boost and level >= 0 else shared
-        d = SmDecision(shared, ladder.headroom(shared), level, changed, prefill)
+        down = ladder.total if level == OPEN else ladder.headroom(shared)
+        d = SmDecision(shared, down, level, changed, prefill)
         self._prev = d
         return d
+
+
+def _downstream_first(shared_slack: float | None, downstream_slack: float | None) -> bool:
+    """The downstream side's most urgent request has less slack than the shared side's."""
+    if downstream_slack is None:
+        return False
+    return shared_slack is None or downstream_slack < shared_slack
 
 
 class UncappedSpatial:
@@ -156,5 +197,11 @@ class UncappedSpatial:
     def observe(self, sample: float | None) -> float | None:
         return self.ewma.update(sample)
 
-    def select(self, downstream_active: bool, backlog: bool = False) -> SmDecision:
+    def select(
+        self,
+        downstream_active: bool,
+        backlog: bool = False,
+        shared_slack: float | None = None,
+        downstream_slack: float | None = None,
+    ) -> SmDecision:
         return self._decision

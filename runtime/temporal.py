@@ -435,6 +435,41 @@ class TemporalScheduler:
     def current_n(self) -> int:
         return self._n
 
+    def earliest_waiting_slack(self, now: float) -> float | None:
+        """Slack ratio of the unprotected waiting prefill that becomes protected first (the
+        heap's top; stale tops dropped), or None. The request nearest the guard by this order
+        is not always the smallest u (r̂ differs), but it is the one the view acts on next."""
+        heap = self._heap
+        while heap:
+            protect_at, _, sig = heap[0]
+            if not sig.waiting or sig.protected or sig.prefilled or sig.protect_at != protect_at:
+                heapq.heappop(heap)
+                continue
+            return sig.slack_ratio(now)
+        return None
+
+    def tightest_protected_short(self, now: float) -> float | None:
+        """Time a protected short-path prefill can still wait and meet its deadline (the
+        smallest over them: d − now − r̂), or None when none waits. O(protected + continuations)."""
+        best: float | None = None
+        for sig in self._shown:
+            if sig.long_path or sig.prefilled or not sig.protected:
+                continue
+            left = sig.deadline - now - sig.remaining_s()
+            if best is None or left < best:
+                best = left
+        return best
+
+    @property
+    def ordinary_waiting(self) -> int:
+        """Prefills waiting without protection, either path (as of the last `plan`)."""
+        return self._short_waiting - self._short_protected + len(self._long_ordinary)
+
+    @property
+    def protected_waiting(self) -> int:
+        """Prefills waiting while protected, either path (as of the last `plan`)."""
+        return self._short_protected + self._long_waiting - len(self._long_ordinary)
+
     @property
     def protected_short_waiting(self) -> int:
         """Short-path prefills waiting while protected (as of the last `plan`)."""

@@ -178,6 +178,14 @@ class PipelineCalibration(_Model):
         default_factory=dict, description="Measured solo p95 first-response latency per class."
     )
     solo_p95_source: str | None = Field(None, description="How solo_p95_s was measured.")
+    solo_p95_ci_s: dict[str, tuple[float | None, float | None]] = Field(
+        default_factory=dict,
+        description="95 % order-statistic CI of each solo p95 (None: unbounded that side).",
+    )
+    solo_samples: dict[str, int] = Field(default_factory=dict, description="Solo samples/class.")
+    solo_wall_s: dict[str, float] = Field(
+        default_factory=dict, description="Wall time of each class's solo measurement."
+    )
     notes: dict[str, str] = Field(
         default_factory=dict, description="Provenance of individual fields (field → source)."
     )
@@ -199,9 +207,33 @@ class PipelineCalibration(_Model):
         capped = s.decode_step_s.at(ladder.s_cap) * s.corun_decode_factor.at(ladder.s_cap)
         return lifted < capped
 
+    def throttling_pays(self) -> bool:
+        """Whether capping the shared stage beside its co-runner costs it less than uncapped
+        co-running as an MPS client: the premise of the SM cap (paper §4.4). The same two
+        measurements as the backlog lift, read the other way. Measured H200: false for the
+        Qwen2.5-Omni and MiMo-Audio calibrations (next to the talker the cap slows decode
+        more than co-running does), true for BAGEL and the paper-derived estimate."""
+        return not self.backlog_lift_pays()
+
+    def reservation_pays(self) -> bool:
+        """Whether the first downstream stage (the co-runner that sets the pace: talker or
+        DiT) steps faster on S_tot − S_min beside a capped shared stage than on the whole GPU
+        as an MPS client: what the slack split gives an urgent downstream side."""
+        d, ladder = self.downstream[0], self.ladder
+        s_min = ladder.s_min
+        reserved = d.step_s.at(ladder.headroom(s_min)) * d.corun_factor.at(s_min)
+        shared_gpu = d.step_s.at(ladder.total) * self.sharing.mps_downstream_factor
+        return reserved < shared_gpu
+
     def control(self) -> ControlParams:
-        """The control knobs this calibration decides: B_sat and whether the lift pays."""
-        return ControlParams(b_sat=self.b_sat, backlog_lift=self.backlog_lift_pays())
+        """The control knobs this calibration decides: B_sat and which SM configurations pay
+        (backlog lift, throttling, the downstream reservation)."""
+        return ControlParams(
+            b_sat=self.b_sat,
+            backlog_lift=self.backlog_lift_pays(),
+            throttling_pays=self.throttling_pays(),
+            reservation_pays=self.reservation_pays(),
+        )
 
 
 class CalibrationArtifact(_Model):

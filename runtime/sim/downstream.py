@@ -72,6 +72,7 @@ class FluidStage:
     __slots__ = (
         "_seq",
         "admit_limit",
+        "awaiting",
         "busy_since",
         "busy_time",
         "cost",
@@ -114,6 +115,7 @@ class FluidStage:
         self.late = 0  # head jobs admitted after they could no longer meet their deadline
         self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
         self.playing: list[Job] = []  # jobs in service whose first chunk is out
+        self.awaiting: list[Job] = []  # head jobs in service before their first output here
         self.underruns = 0
         self.heap: list[tuple[float, int, Job, bool]] = []  # (v target, seq, job, is_first)
         self._seq = itertools.count()
@@ -159,6 +161,8 @@ class FluidStage:
         seq = next(self._seq)
         v = self.v
         job.v0 = v
+        if job.head:
+            self.awaiting.append(job)
         if job.first is not None:
             heapq.heappush(self.heap, (v + job.first, seq, job, True))
         heapq.heappush(self.heap, (v + job.work, seq, job, False))
@@ -177,6 +181,24 @@ class FluidStage:
             if late:
                 self.late += 1
             self._start(job, now)
+
+    def min_slack(self, now: float) -> float | None:
+        """The smallest slack ratio among this stage's requests whose first output is pending:
+        the queue's next admission and the head jobs in service (r̂ = the stamp's estimate
+        scaled by the share of first-output work left)."""
+        best = self.queue.peek_slack(now)
+        if self.awaiting:
+            self.advance(now)
+            v = self.v
+            for job in self.awaiting:
+                first = job.first if job.first is not None else job.work
+                left = first - (v - job.v0)
+                stamp = job.req.stamp
+                assert stamp is not None
+                u = stamp.slack_ratio(now, stamp.downstream_s * max(left, 0.0) / first)
+                if best is None or u < best:
+                    best = u
+        return best
 
     def submit(self, job: Job, now: float) -> None:
         """A job arrives; the caller re-rates the stage afterwards (`rerate`)."""
@@ -225,6 +247,8 @@ class FluidStage:
         while heap and heap[0][0] <= limit:
             _, _, job, is_first = heapq.heappop(heap)
             due.append((job, is_first))
+            if job.head and (is_first or job.first is None):
+                self.awaiting.remove(job)
             if is_first:
                 if self.steps_per_audio_s > 0.0:
                     job.clock = _Playback(now)  # the first chunk's audio is credit

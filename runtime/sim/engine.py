@@ -38,7 +38,7 @@ from horizonserve.runtime.calibrate.artifact import DownstreamStageCalibration
 from horizonserve.runtime.config import Metric, Path
 from horizonserve.runtime.downstream import Stamp, realtime_streams
 from horizonserve.runtime.policy import SchedulingPolicy, make_policy
-from horizonserve.runtime.profiler import InputFeatures
+from horizonserve.runtime.profiler import InputFeatures, RequestSignals
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
 from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of, sync_sig
@@ -46,7 +46,7 @@ from horizonserve.runtime.sim.result import SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
-from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED, UNCAPPED, SmDecision
+from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED, OPEN, UNCAPPED, SmDecision
 from horizonserve.runtime.workload import Trace
 
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
@@ -229,8 +229,21 @@ class Simulator:
         # reference engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count
         # slots too.
         backlog = len(shared.running) >= shared.max_seqs and bool(shared.waiting)
+        running: list[RequestSignals] = []
+        down_slack = None
+        if active and self.policy.slack_split:
+            running = [sync_sig(r) for r in shared.running if _first_pending(r)]
+            for stage in self.stages:
+                u = stage.min_slack(now)
+                if u is not None and (down_slack is None or u < down_slack):
+                    down_slack = u
         dec = self.policy.step(
-            now, downstream_active=active, pressure_sample=sample, backlog=backlog
+            now,
+            downstream_active=active,
+            pressure_sample=sample,
+            backlog=backlog,
+            running=running,
+            downstream_slack=down_slack,
         )
         sm = dec.sm
         level = sm.level
@@ -238,6 +251,8 @@ class Simulator:
             sms, down, sharing = sm.shared, sm.downstream, _PARTITION
         elif level == UNCAPPED:
             sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing
+        elif level == OPEN:  # uncapped beside the downstream, as MPS clients
+            sms, down, sharing = self.total_sms, self.total_sms, _MPS
         else:  # LIFTED (the one level left): S_aggr over the downstream's SMs (MPS clients
             # under the Green Contexts, as a boosted prefill); the downstream keeps S_tot − S_cap.
             sms, down, sharing = sm.shared, self.lifted_down_sms, _MPS
@@ -246,7 +261,8 @@ class Simulator:
         self.prev_decided_sms = sms
         self.level = level
         if backlog and self.preemptive:
-            shared.preempt_for_urgent(self.policy, now)
+            tpot = self.cost.iteration_s(sms, len(shared.running), 0, 0, active, sharing, False)
+            shared.preempt_for_urgent(self.policy, now, tpot)
         batch = shared.form_batch(dec.view, self.policy)
         if not batch.seqs:
             self.busy = False
@@ -522,6 +538,11 @@ class Simulator:
             stats=stats,
             trace=self.trace_out,
         )
+
+
+def _first_pending(req: SimRequest) -> bool:
+    """The request's first response still depends on the shared stage."""
+    return not req.handed if req.long_path else req.prefilled < req.prompt
 
 
 def _make_policy(setup: SimSetup, system: System) -> SchedulingPolicy:

@@ -67,18 +67,30 @@ class SharedStage:
     def fits_ever(self, req: SimRequest) -> bool:
         return req.kv_need <= self.kv_capacity
 
-    def preempt_for_urgent(self, policy: SchedulingPolicy, now: float) -> SimRequest | None:
+    def _next_free_s(self, tpot_s: float) -> float:
+        """When the running request nearest completion frees its place (decode steps left ×
+        the step time)."""
+        left = min((r.decode_len - r.decoded for r in self.running), default=0)
+        return max(left, 0) * tpot_s
+
+    def preempt_for_urgent(
+        self, policy: SchedulingPolicy, now: float, tpot_s: float
+    ) -> SimRequest | None:
         """With every slot taken: preempt the policy's victim, if it names one (call after
-        `policy.step`, before `form_batch`). The victim waits again as a continuation."""
+        `policy.step`, before `form_batch`; `tpot_s`: the current step time). The victim
+        waits again as a continuation."""
         if len(self.running) < self.max_seqs:
             return None
-        victim = policy.preemption_victim(self.running, now, sync_sig, _handed)
+        victim = policy.preemption_victim(
+            self.running, now, sync_sig, _handed, self._next_free_s(tpot_s)
+        )
         if victim is None:
             return None
         self.running.remove(victim)
         self.kv_used -= victim.kv_need
         victim.preempt()
         sig = sync_sig(victim)
+        sig.preempted += 1
         sig.prefilled = True  # a continuation for the view: always visible
         policy.requeue(sig, now)
         self.waiting[sig] = victim

@@ -228,7 +228,7 @@ def _no_lookup(sig: RequestSignals) -> RequestSignals:
 def test_big_cap_long_phase_walks_the_queue() -> None:
     """A cap showing more long-path prefills than MEMBERS_LONG_MAX and a quarter of the queue
     leaves the view to the walk; the sequence is the same either way."""
-    q = make_queue(ControlParams(long_path_cap=10_000, rotation_n_min=1, rotation_n_max=1))
+    q = make_queue(ControlParams(long_path_cap=1024, rotation_n_min=1, rotation_n_max=1))
     longs = [q.add("image-out" if i % 2 else "audio-out", 0.0) for i in range(MEMBERS_LONG_MAX + 1)]
     q.add("text", 0.0)
     q.sched.plan(0.01)  # short phase
