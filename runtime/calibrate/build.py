@@ -22,8 +22,11 @@ from horizonserve.runtime.calibrate.artifact import (
     SmCurve,
     load_packaged,
 )
+from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM
+from horizonserve.runtime.calibrate.stats import quantile_ci
 from horizonserve.runtime.config import SmLadder, default_ladder
+from horizonserve.runtime.engine.deploy import load_deploy
 
 CARRIED = f"carried over from {ESTIMATE_ARTIFACT} (estimate)"
 
@@ -82,6 +85,21 @@ def in_windows(rows: list[list[float]], probe: dict[str, Any]) -> list[list[floa
 def chunk_batch(rows: list[list[float]]) -> int:
     ns = [int(r[5]) for r in rows if r[5] > 0]
     return int(statistics.median(ns)) if ns else 1
+
+
+_DEPLOY_FIELDS = (
+    "shared.max_num_seqs",
+    "shared.max_num_batched_tokens",
+    "downstream.talker.max_batch",
+    "downstream.talker.first_output_work",
+    "downstream.code2wav.max_batch",
+    "downstream.code2wav.first_output_work",
+    "downstream.diffusion.max_batch",
+)
+
+
+def _r5(x: float | None) -> float | None:
+    return None if x is None else round(x, 5)
 
 
 class _Notes(dict[str, str]):
@@ -218,6 +236,14 @@ def _pipeline(
     cp = {s: corun_pre[s] / prefill[s] for s in corun_pre if s in prefill and s < total}
     mps_dec = corun_b8[total] / iso_b8[total] if total in corun_b8 and total in iso_b8 else None
     mps_pre = corun_pre[total] / prefill[total] if total in corun_pre and total in prefill else None
+    mps_run = raw.get("mps", {}).get(stage)  # pipeline 3: MPS without caps, in situ
+    mps_how = "pipeline 1 at S_tot (MPS + Green Contexts, the whole GPU each)"
+    if mps_run is not None and "iso" in raw.get("mps", {}):
+        m_iso = raw["mps"]["iso"]["levels"][str(total)]
+        m_co = mps_run["probe"]["levels"][str(total)]
+        mps_dec = m_co["p50_s"] / m_iso["p50_s"]
+        mps1 = True
+        mps_how = "pipeline 3 (MPS, no caps, both on the whole GPU, as the MPS baselines run)"
     full_dec = ts_dec if ts_dec is not None else mps_dec
     full_pre = ts_pre if ts_pre is not None else mps_pre
     if full_dec:
@@ -304,6 +330,10 @@ def _pipeline(
                 bco = by_sms(in_windows(base_run["rows"], base_run["probe"]), kind=kind)
                 if total in bco and total in al:
                     f_ts_down = bco[total] / al[total]
+            if mps_run and i == 0:
+                mco = by_sms(in_windows(mps_run["rows"], mps_run["probe"]), kind=kind)
+                if total in mco and total in al:
+                    f_mps_down = mco[total] / al[total]
             ds_info[d["name"]] = {"alone_s": al, "batch": nb}
     for d in downs:
         for k in ("work_fixed", "work_per_audio_second", "work_per_input_image",
@@ -329,7 +359,7 @@ def _pipeline(
     set_sharing(
         "mps_downstream_factor",
         max(1.0, f_mps_down) if f_mps_down else None,
-        f"{both_full}, MPS / alone",
+        f"{both_full}, MPS / alone; {mps_how}",
     )
     excess = derive.excess_share(mps_dec, ts_dec) if ts_dec and mps_dec and mps1 else None
     set_sharing(
@@ -337,7 +367,10 @@ def _pipeline(
         excess,
         ""
         if excess is None
-        else (f"(MPS co-run factor {mps_dec:.3f} - 1) / (time-sliced factor {ts_dec:.3f} - 1)"),
+        else (
+            f"(MPS co-run factor {mps_dec:.3f} - 1) / (time-sliced factor {ts_dec:.3f} - 1); "
+            f"MPS from {mps_how}"
+        ),
     )
     # -- pressure --------------------------------------------------------------------------------
     pressure = tpl.pressure.model_dump()
@@ -371,10 +404,18 @@ def _pipeline(
     # -- solo p95 --------------------------------------------------------------------------------
     solo = raw.get("solo", {}).get(name, {})
     p95s: dict[str, float] = {}
+    cis: dict[str, tuple[float | None, float | None]] = {}
+    walls: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for cls, value in tpl.solo_p95_s.items():
         lat = solo.get(cls, {}).get("latency_s") or []
         if lat:
             p95s[cls] = round(derive.p95(lat), 5)
+            est = quantile_ci(lat)
+            cis[cls] = (_r5(est.lo), _r5(est.hi))
+            counts[cls] = len(lat)
+            if "wall_s" in solo[cls]:
+                walls[cls] = float(solo[cls]["wall_s"])
         else:
             p95s[cls] = value
             notes.carried(f"solo_p95_s.{cls}", "not measured")
@@ -398,8 +439,22 @@ def _pipeline(
         pressure=pressure,
         solo_p95_s=p95s,
         solo_p95_source=src,
+        solo_p95_ci_s=cis,
+        solo_samples=counts,
+        solo_wall_s=walls,
         notes=dict(sorted(notes.items())),
     )
+    eng = raw.get("engine")
+    if eng and eng.get("deploy_profile") and name in ("qwen2_5_omni", "bagel", "mimo_audio"):
+        # The engine's own limits, read from its deploy description, not carried over.
+        profile = eng["deploy_profile"]
+        entry = with_deploy(entry, load_deploy(name, profile))
+        note = f"engine: deploy profile {profile!r} ({eng.get('deploy_source')})"
+        names = {f"downstream.{d.name}." for d in entry.downstream}
+        extra = {k: note for k in _DEPLOY_FIELDS if not k.startswith("downstream.") or
+                 any(k.startswith(n) for n in names)}  # fmt: skip
+        notes_all = dict(sorted({**entry.notes, **extra}.items()))
+        entry = entry.model_copy(update={"deploy_profile": profile, "notes": notes_all})
     info = {
         "context": ctx,
         "sharing_mode": p1,
@@ -415,6 +470,8 @@ def _pipeline(
         ),
         "pressure_corun": corun_pressure,
         "solo_p95_s": p95s,
+        "solo_p95_ci_s": cis,
+        "solo_wall_s": walls,
         "slo_s": {c: round(v * 5.0, 5) for c, v in p95s.items()},
         "downstream": ds_info,
         "sharing": sharing,

@@ -9,7 +9,14 @@ of the shared stage alone and with each downstream stage co-running on the compl
 of the Vanilla and MPS sharing modes. Writes one versioned artifact
 `<pipelines>--<gpu>--<driver>.json` into --out-dir (the node sidecar looks it up by model + GPU
 name + driver), the raw measurements next to it (`.raw.log`, JSON), and prints a summary.
-On a CPU (`--preset tiny`) the GPU-specific parts are skipped and the artifact says so.
+On a CPU (`--preset tiny`) the GPU-specific parts are skipped and the artifact says so; the
+full-size preset is refused on a CPU unless `--allow-cpu-full` (it takes hours there).
+
+Resumable: `--resume` keeps finished phases in `<out-dir>/<pipelines>.checkpoint.json` and skips
+them when the same command runs again (a device call cut by its time limit continues); the file
+is removed once the artifact is written.
+
+    horizonserve calibrate fit --records RUN --out ARTIFACT   (runtime.calibrate.fit_cli)
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonserve.runtime import config as cfg
+from horizonserve.runtime.calibrate.stats import MIN_SOLO_SAMPLES as MIN_SOLO
 from horizonserve.runtime.calibrate.store import detect_gpu, find_artifact
 
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
@@ -58,6 +66,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-baseline",
         action="store_true",
         help="skip the Vanilla (time-sliced) pipeline; solo runs then use the first one",
+    )
+    parser.add_argument(
+        "--no-mps", action="store_true", help="skip the uncapped-MPS pipeline (MPS co-run factors)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep finished phases in a checkpoint in --out-dir and skip them on a re-run",
+    )
+    parser.add_argument(
+        "--allow-cpu-full",
+        action="store_true",
+        help="run the full-size preset on a CPU anyway (hours; normally refused)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -101,7 +122,54 @@ def _existing_artifact(pipelines: tuple[str, ...], out_dir: Path) -> Path | None
     return found[0] if found and all(found) else None
 
 
+class CalibrateError(ValueError):
+    """A refused calibration request: one line naming the option and the fix."""
+
+
+def check_environment(args: argparse.Namespace) -> str:
+    """The device the run will use, or a CalibrateError saying why it cannot run here."""
+    try:
+        import torch
+    except ImportError:
+        raise CalibrateError(
+            "calibrate: needs PyTorch (pip install 'horizonserve[gpu]'); it is not installed"
+        ) from None
+    device = args.device
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            why = "this PyTorch has no CUDA" if torch.version.cuda is None else "no GPU visible"
+            raise CalibrateError(f"--device {device}: {why}; use --device cpu --preset tiny")
+        idx = int(device.split(":", 1)[1]) if ":" in device else 0
+        if idx >= torch.cuda.device_count():
+            raise CalibrateError(
+                f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible"
+            )
+    elif device != "cpu":
+        raise CalibrateError(f"--device {device!r}: use auto, cpu or cuda:N")
+    if device == "cpu" and args.preset == "full" and not args.allow_cpu_full:
+        raise CalibrateError(
+            "--preset full on a CPU takes hours: use --preset tiny, a GPU, or --allow-cpu-full"
+        )
+    few = args.solo_requests is not None and args.solo_requests < MIN_SOLO
+    if few and not args.quick and args.preset == "full":
+        raise CalibrateError(
+            f"--solo-requests {args.solo_requests}: a full calibration needs at least "
+            f"{MIN_SOLO} per class for its p95 (or pass --quick)"
+        )
+    return device
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except CalibrateError as exc:
+        print(f"horizonserve calibrate: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from horizonserve.runtime.calibrate.build import build_artifact
@@ -115,9 +183,13 @@ def run(args: argparse.Namespace) -> int:
     if mode is cfg.CalibrationMode.AUTO and (found := _existing_artifact(pipelines, args.out_dir)):
         print(f"artifact present, not calibrating again (mode auto): {found}")
         return 0
+    check_environment(args)
     levels = None
     if args.levels:
         levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    checkpoint = args.out_dir / f"{'-'.join(pipelines)}.checkpoint.json"
+    if args.resume:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
     opts = CalibrationOptions(
         pipelines=pipelines,
         preset=args.preset,
@@ -127,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         levels=levels,
         baseline=not args.no_baseline,
+        mps=not args.no_mps,
+        checkpoint=str(checkpoint) if args.resume else None,
+        resume=args.resume,
     )
     command = "horizonserve calibrate " + " ".join(shlex.quote(a) for a in _argv())
     bar: Any = None
@@ -143,7 +218,10 @@ def run(args: argparse.Namespace) -> int:
         if args.no_progress:  # still say what runs, one line per step
             print(f"[calibrate {time.monotonic() - t0:6.1f}s] {label}", file=sys.stderr)
 
-    cal = Calibrator(opts, progress)
+    try:
+        cal = Calibrator(opts, progress)
+    except ValueError as exc:  # a checkpoint of another run
+        raise CalibrateError(str(exc)) from None
     total = Calibrator.steps_for(opts, cal.cuda)
     bar = tqdm(total=total, disable=args.no_progress, file=sys.stderr, unit="step", desc="")
     try:
@@ -162,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
     (out_dir / f"{stem}.summary.txt").write_text(format_summary(summary, command) + "\n")
     print(format_summary(summary, command))
     print(f"artifact: {path} ({time.monotonic() - t0:.0f} s)")
+    if args.resume:
+        checkpoint.unlink(missing_ok=True)
     return 0
 
 
@@ -202,7 +282,13 @@ def format_summary(summary: dict[str, Any], command: str) -> str:
             f"S_tot {lad['total']}  B_sat {p['b_sat']}  "
             f"backlog lift {'on' if p.get('backlog_lift') else 'off'}"
         )
-        lines.append(f"{'class':16} {'solo p95 ms':>12} {'SLO ms (x5)':>12}")
+        lines.append(
+            f"{'class':16} {'solo p95 ms':>12} {'95% CI ms':>19} {'SLO ms (x5)':>12} {'wall s':>7}"
+        )
+        cis, walls = p.get("solo_p95_ci_s", {}), p.get("solo_wall_s", {})
         for c, v in p["solo_p95_s"].items():
-            lines.append(f"{c:16} {v * 1e3:>12.1f} {p['slo_s'][c] * 1e3:>12.1f}")
+            lo, hi = cis.get(c, (None, None))
+            ci = "—" if c not in cis else f"[{_ms(lo)}, {'∞' if hi is None else _ms(hi)}]"
+            wall = f"{walls[c]:.1f}" if c in walls else "—"
+            lines.append(f"{c:16} {v * 1e3:>12.1f} {ci:>19} {p['slo_s'][c] * 1e3:>12.1f} {wall:>7}")
     return "\n".join(lines)

@@ -19,14 +19,25 @@ Everything measured lands in one JSON-able dict (the raw log, written next to th
     baseline.<stage>         decode/prefill at the whole GPU with the downstream stage co-running
                              and alone (timeslice co-running factors)
     solo.<pipeline>.<class>  first-response latency of each class alone (closed loop, one
-                             request at a time, fcfs): the SLO table's solo p95
-On a CPU pipeline 2 is skipped and the solo runs use pipeline 1.
+                             request at a time, fcfs): the SLO table's solo p95, with the wall
+                             time the class took
+  pipeline 3 (MPS without caps, the MPS baselines' mode; GPU only):
+    mps.<stage>              decode/prefill at the whole GPU with the downstream stage co-running
+                             under MPS, and alone (the MPS co-running factors, in situ)
+  engine                     the limits the running engine was built with (deploy profile)
+On a CPU pipelines 2 and 3 are skipped and the solo runs use pipeline 1.
+
+Resumable: with a checkpoint file every finished phase is written to it at once, and a run
+with `resume` skips the phases it holds (same options and device required), so a device call
+cut by its time limit continues where it stopped.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import platform
 import threading
 import time
@@ -37,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from horizonserve.runtime.calibrate.artifact import ESTIMATE_ARTIFACT, load_packaged
+from horizonserve.runtime.calibrate.stats import SOLO_SAMPLES
 from horizonserve.runtime.config import (
     Path,
     Priority,
@@ -64,7 +76,17 @@ class CalibrationOptions:
     seed: int = 0
     levels: tuple[int, ...] | None = None  # swept shared-stage SM counts (None: by GPU)
     baseline: bool = True  # pipeline 2 (time-sliced co-running factors, solo runs) on a GPU
+    mps: bool = True  # pipeline 3 (MPS co-running factors, uncapped) on a GPU
+    checkpoint: str | None = None  # file holding finished phases (raw JSON)
+    resume: bool = False  # skip the phases the checkpoint holds
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the checkpoint it continues."""
+        keep = ("pipelines", "preset", "quick", "solo_requests", "seed", "levels", "baseline")
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if k in keep
+        }
 
 
 def sweep_levels(total: int, quick: bool) -> list[int]:
@@ -184,7 +206,7 @@ class Calibrator:
         self, opts: CalibrationOptions, progress: Callable[[str], None] | None = None
     ) -> None:
         from horizonserve.runtime.engine.reference.pipeline import resolve_device
-        from horizonserve.runtime.engine.reference.presets import get_preset
+        from horizonserve.runtime.engine.reference.presets import ENGINE_PROFILE, get_preset
 
         self.opts = opts
         self.device = resolve_device(opts.device)
@@ -192,13 +214,16 @@ class Calibrator:
         self.preset = get_preset(opts.preset)
         self._progress = progress or (lambda _label: None)
         self.raw: dict[str, Any] = {"options": {**vars(opts)}, "device": self.device}
+        self.raw["engine"] = engine_limits(self.preset, ENGINE_PROFILE)
+        self.done: list[str] = []
+        self._resume()
         self.stages = sorted({PIPELINE_DOWNSTREAM[p] for p in opts.pipelines})
         q = opts.quick
         tiny = opts.preset == "tiny"
         self.level_s = 0.25 if tiny else (0.6 if q else 1.0)  # seconds per level (loads, NVML)
         self.steps = 6 if tiny else (20 if q else 40)
-        self.solo_n = opts.solo_requests or (3 if tiny else (6 if q else 30))
-        self.solo_short_n = opts.solo_requests or (3 if tiny else (20 if q else 60))
+        self.solo_n = opts.solo_requests or (3 if tiny else (6 if q else SOLO_SAMPLES))
+        self.solo_short_n = opts.solo_requests or (3 if tiny else (20 if q else SOLO_SAMPLES))
         self.ctx = 32 if tiny else 512
         self.ctx_short, self.ctx_long = (16, 96) if tiny else (128, 1536)
         self.prefill_tokens = 64 if tiny else 2048
@@ -208,7 +233,58 @@ class Calibrator:
     def steps_for(opts: CalibrationOptions, cuda: bool) -> int:
         """How many progress steps `run` reports (for the progress bar's total)."""
         n_stage = len({PIPELINE_DOWNSTREAM[p] for p in opts.pipelines})
-        return 8 + 2 * n_stage + (2 + n_stage if cuda and opts.baseline else 0)
+        n = 8 + 2 * n_stage + (2 + n_stage if cuda and opts.baseline else 0)
+        return n + (2 + n_stage if cuda and opts.mps else 0)
+
+    # -- checkpoint -------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        path = self.opts.checkpoint
+        if not (self.opts.resume and path):
+            return
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except FileNotFoundError:
+            return
+        want, have = self.opts.identity(), old.get("identity")
+        if have != want or old.get("device") != self.device:
+            raise ValueError(
+                f"--resume: checkpoint {path} was made with {have} on {old.get('device')}, "
+                f"this run is {want} on {self.device}; remove it or drop --resume"
+            )
+        self.raw.update({k: v for k, v in old.items() if k not in ("options", "engine")})
+        self.raw["wall_s_before"] = old.get("wall_s", 0.0)
+        self.done = list(old.get("done", []))
+        log.info("resuming from %s: %d phases done (%s)", path, len(self.done), self.done)
+
+    def _save(self) -> None:
+        if not self.opts.checkpoint:
+            return
+        self.raw["done"] = self.done
+        self.raw["identity"] = self.opts.identity()
+        tmp = f"{self.opts.checkpoint}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.raw, f, default=str)
+        os.replace(tmp, self.opts.checkpoint)
+
+    def _phases(
+        self, phases: list[tuple[str, Callable[[Any], None]]], start: Callable[[], Any]
+    ) -> None:
+        """Run the pending phases on one pipeline (started only when one is pending)."""
+        todo = [(k, fn) for k, fn in phases if k not in self.done]
+        for k, _fn in phases:
+            if k in self.done:
+                self._progress(f"{k} (done before: resumed)")
+        if not todo:
+            return
+        pipe = start()
+        try:
+            for key, fn in todo:
+                fn(pipe)
+                self.done.append(key)
+                self._save()
+        finally:
+            pipe.stop()
 
     def run(self) -> dict[str, Any]:
         from horizonserve.runtime.engine.reference.pipeline import Pipeline, PipelineOptions
@@ -226,7 +302,6 @@ class Calibrator:
         self.raw["levels"] = [*levels, total]
         config = _config(self.opts.preset, total, levels, self.opts.pipelines)
         sharing = "mps-gc" if self.cuda else "auto"
-        step("start pipeline (HorizonServe runtime)")
         opts = PipelineOptions(
             preset=self.opts.preset,
             device=self.device,
@@ -238,7 +313,12 @@ class Calibrator:
         )
         trace = NvmlTrace().start()
         self.nvml = trace
-        try:
+        two = self.cuda and self.opts.baseline
+        three = self.cuda and self.opts.mps
+
+        def start1() -> Any:
+            nonlocal opts
+            step("start pipeline (HorizonServe runtime)")
             pipe = Pipeline(opts).start()
             if self.cuda and pipe.stage_info.get("shared", {}).get("sm_cap") != "GreenContextCap":
                 # Green Contexts did not come up under MPS: sweep time-sliced instead (the
@@ -249,49 +329,74 @@ class Calibrator:
                 pipe.stop()
                 opts = replace(opts, sharing="gc")
                 pipe = Pipeline(opts).start()
-            try:
-                self.raw["pipeline1"] = {
-                    "sharing": pipe.sharing,
-                    "mps": pipe.mps_active,
-                    "stages": pipe.stage_info,
-                }
-                self._isolated(pipe, step)
-                for stage in self.stages:
-                    self._downstream_alone(pipe, stage, step)
-                for stage in self.stages:
-                    self._corun(pipe, stage, step, "corun")
-                if not (self.cuda and self.opts.baseline):
-                    self._solo(pipe, step)
-            finally:
-                pipe.stop()
-            if self.cuda and self.opts.baseline:
-                step("start pipeline (Vanilla: time-sliced, no caps)")
-                opts2 = PipelineOptions(
+            self.raw["pipeline1"] = {
+                "sharing": pipe.sharing,
+                "mps": pipe.mps_active,
+                "stages": pipe.stage_info,
+            }
+            return pipe
+
+        def uncapped(policy: str, mode: str, key: str, label: str) -> Callable[[], Any]:
+            def start() -> Any:
+                step(f"start pipeline ({label})")
+                o = PipelineOptions(
                     preset=self.opts.preset,
                     device=self.device,
-                    policy="fcfs",
+                    policy=policy,
                     config=_config(self.opts.preset, total, [], self.opts.pipelines),
                     downstream=tuple(self.stages),
-                    sharing="timeslice",
+                    sharing=mode,
                     seed=self.opts.seed,
                 )
-                with Pipeline(opts2) as pipe2:
-                    self.raw["pipeline2"] = {"sharing": pipe2.sharing, "stages": pipe2.stage_info}
-                    step("baseline: whole GPU alone")
-                    self.raw["baseline"] = {
-                        "iso": pipe2.probe_decode(
-                            8, self.ctx, self.steps, kind="both", levels=(total,),
-                            min_seconds=self.level_s, prefill_tokens=self.prefill_tokens,
-                        )
-                    }  # fmt: skip
-                    for stage in self.stages:
-                        self._corun(pipe2, stage, step, "baseline", levels=(total,))
-                    self._solo(pipe2, step)
+                pipe = Pipeline(o).start()
+                self.raw[key] = {"sharing": pipe.sharing, "stages": pipe.stage_info}
+                return pipe
+
+            return start
+
+        def whole_alone(key: str, label: str) -> Callable[[Any], None]:
+            def run(pipe: Any) -> None:
+                step(f"{label}: whole GPU alone")
+                self.raw.setdefault(key, {})["iso"] = pipe.probe_decode(
+                    8, self.ctx, self.steps, kind="both", levels=(total,),
+                    min_seconds=self.level_s, prefill_tokens=self.prefill_tokens,
+                )  # fmt: skip
+
+            return run
+
+        def corun(stage: str, key: str, levels: tuple[int, ...] | None) -> Callable[[Any], None]:
+            return lambda pipe: self._corun(pipe, stage, step, key, levels=levels)
+
+        try:
+            p1: list[tuple[str, Callable[[Any], None]]] = [
+                ("iso", lambda pipe: self._isolated(pipe, step))
+            ]
+            p1 += [(f"downstream_alone.{s}", self._alone_phase(s, step)) for s in self.stages]
+            p1 += [(f"corun.{s}", corun(s, "corun", None)) for s in self.stages]
+            if not two:
+                p1.append(("solo", lambda pipe: self._solo(pipe, step)))
+            self._phases(p1, start1)
+            full = (total,)
+            if two:
+                p2 = [("baseline.iso", whole_alone("baseline", "baseline"))]
+                p2 += [(f"baseline.{s}", corun(s, "baseline", full)) for s in self.stages]
+                p2.append(("solo", lambda pipe: self._solo(pipe, step)))
+                self._phases(
+                    p2, uncapped("fcfs", "timeslice", "pipeline2", "Vanilla: time-sliced, no caps")
+                )
+            if three:
+                p3 = [("mps.iso", whole_alone("mps", "MPS"))]
+                p3 += [(f"mps.{s}", corun(s, "mps", full)) for s in self.stages]
+                self._phases(p3, uncapped("fcfs", "mps", "pipeline3", "MPS, no caps"))
         finally:
             trace.stop()
             self.raw["nvml_samples"] = len(trace.samples)
-            self.raw["wall_s"] = time.monotonic() - t_start
+            self.raw["wall_s"] = self.raw.get("wall_s_before", 0.0) + time.monotonic() - t_start
+            self._save()
         return self.raw
+
+    def _alone_phase(self, stage: str, step: Callable[[str], None]) -> Callable[[Any], None]:
+        return lambda pipe: self._downstream_alone(pipe, stage, step)
 
     def _window(self, t0: float, t1: float) -> float | None:
         return self.nvml.mean(t0, t1) if self.nvml.available else None
@@ -407,6 +512,7 @@ class Calibrator:
             draws = _draw(cw, rng, n)
             lat: list[float] = []
             errors: list[str] = []
+            t_cls = time.monotonic()
             for i in range(n):
                 text, audio, video, out_tok = (float(d[i]) for d in draws)
                 media = audio * sh.tokens_per_audio_second + video * sh.tokens_per_video_second
@@ -444,8 +550,28 @@ class Calibrator:
                     errors.append(f"{rs.rid}: {h.record.error}")
                 else:
                     lat.append(fr)
-            out[cls.name] = {"latency_s": lat, "errors": errors, "metric": cls.metric.value}
+            out[cls.name] = {
+                "latency_s": lat,
+                "errors": errors,
+                "metric": cls.metric.value,
+                "wall_s": round(time.monotonic() - t_cls, 3),
+            }
         return out
+
+
+def engine_limits(preset: Any, profile: str) -> dict[str, Any]:
+    """The limits the engine's stages were built with (from the deploy description)."""
+    return {
+        "deploy_profile": profile,
+        "deploy_source": preset.deploy.source if preset.deploy is not None else None,
+        "thinker_max_num_seqs": preset.thinker_limits.max_batch,
+        "thinker_max_num_batched_tokens": preset.thinker_limits.max_prefill_tokens,
+        "talker_max_num_seqs": preset.talker_limits.max_batch,
+        "code2wav_max_num_seqs": preset.code2wav_max_batch,
+        "first_chunk_codes": preset.first_chunk,
+        "chunk_codes": preset.code_chunk,
+        "dit_max_num_seqs": preset.dit_max_batch,
+    }
 
 
 def _draw(cw: Any, rng: np.random.Generator, n: int) -> list[np.ndarray]:

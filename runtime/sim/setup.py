@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, replace
 
 from horizonserve.runtime.calibrate.artifact import (
     CalibrationArtifact,
-    DownstreamStageCalibration,
     PipelineCalibration,
     load_artifact,
 )
+from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.config import (
     ControlParams,
     Path,
@@ -19,40 +19,9 @@ from horizonserve.runtime.config import (
     SloTable,
     load_pipeline,
 )
-from horizonserve.runtime.engine.deploy import DeployLimits, load_deploy
+from horizonserve.runtime.engine.deploy import load_deploy
 from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.workload import load_workload
-
-
-def with_deploy(cal: PipelineCalibration, deploy: DeployLimits) -> PipelineCalibration:
-    """`cal` with the engine limits of `deploy`: the shared stage's sequences and token budget
-    (thinker), each downstream stage's slots, and the first-chunk size. Stages the deploy file
-    does not name keep the artifact's values.
-
-    The talker's work is codec codes (`work_per_audio_second` codes per spoken second), so its
-    first output is the first chunk's codes; code2wav's work is seconds of audio, so its first
-    output is that chunk's duration. Without chunking both hand on only the whole answer.
-    """
-    sh = cal.shared
-    if deploy.has("thinker"):
-        t = deploy.stage("thinker")
-        upd = {"max_num_seqs": t.max_num_seqs, "max_num_batched_tokens": t.max_num_batched_tokens}
-        sh = sh.model_copy(update=upd)
-    chunk = deploy.chunking
-    codes_per_s = next((d.work_per_audio_second for d in cal.downstream if d.name == "talker"), 0)
-    down: list[DownstreamStageCalibration] = []
-    for d in cal.downstream:
-        if not deploy.has(d.name):
-            down.append(d)
-            continue
-        upd2: dict[str, object] = {"max_batch": deploy.stage(d.name).max_num_seqs}
-        if d.name == "talker":
-            upd2["first_output_work"] = float(chunk.first) if chunk else None
-        elif d.name == "code2wav" and codes_per_s > 0:
-            first = chunk.first / codes_per_s * d.work_per_audio_second if chunk else None
-            upd2["first_output_work"] = first
-        down.append(d.model_copy(update=upd2))
-    return cal.model_copy(update={"shared": sh, "downstream": down})
 
 
 @dataclass(frozen=True)

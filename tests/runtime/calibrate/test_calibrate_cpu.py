@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 from horizonserve.runtime.calibrate.artifact import load_artifact, load_packaged
 from horizonserve.runtime.calibrate.cli import artifact_name, parse_pipelines
 from horizonserve.runtime.cli import main
+from horizonserve.runtime.engine.deploy import load_deploy
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,14 @@ def test_artifact_validates_and_is_keyed(out_dir: Path) -> None:
         assert p.solo_p95_source and p.solo_p95_source.startswith("measured")
         assert p.notes["ladder"].startswith("carried over")  # no SM sweep on a CPU
         assert p.notes["shared.decode_step_s"].startswith("measured")
-        assert p.notes["shared.max_num_seqs"].startswith("carried over")
+        # Engine limits: the deploy description the engine ran, not carried numbers.
+        assert p.notes["shared.max_num_seqs"].startswith("engine: deploy profile 'tuned'")
+        assert p.deploy_profile == "tuned"
+        thinker = load_deploy(name, "tuned").stage("thinker")
+        assert p.shared.max_num_seqs == thinker.max_num_seqs
+        # At least 2 samples per class here (--solo-requests 2), each with its CI and wall time.
+        assert set(p.solo_samples) == set(p.solo_p95_s) == set(p.solo_wall_s)
+        assert all(lo is None or lo <= p.solo_p95_s[c] for c, (lo, _hi) in p.solo_p95_ci_s.items())
 
 
 def test_raw_log_and_summary_are_written(out_dir: Path) -> None:

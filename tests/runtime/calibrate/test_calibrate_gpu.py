@@ -1,0 +1,44 @@
+"""The calibration's in-situ measurements on a real GPU (tiny preset, quick): the three sharing
+modes each measured, the engine's limits recorded, the artifact built from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+
+def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> None:
+    from horizonserve.runtime.calibrate.build import build_artifact
+    from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
+
+    opts = CalibrationOptions(
+        pipelines=("qwen2_5_omni",),
+        preset="tiny",
+        quick=True,
+        device="cuda:0",
+        solo_requests=4,
+        levels=(32, 64),
+        checkpoint=str(tmp_path / "ck.json"),
+        resume=True,
+    )
+    raw = Calibrator(opts).run()
+    assert {"iso", "corun.speech", "baseline.speech", "mps.speech", "solo"} <= set(raw["done"])
+    assert raw["pipeline2"]["sharing"] == "timeslice"
+    assert raw["pipeline3"]["sharing"] in ("mps", "timeslice")  # timeslice: MPS unavailable
+    art, summary = build_artifact(raw, "pytest")
+    p = art.pipeline("qwen2_5_omni")
+    print(p.sharing, {k: v for k, v in p.notes.items() if k.startswith("sharing")})
+    assert p.notes["sharing.timeslice_downstream_factor"].startswith("measured")
+    if raw["pipeline3"]["sharing"] == "mps":
+        assert "pipeline 3" in p.notes["sharing.mps_downstream_factor"]
+    assert p.deploy_profile == raw["engine"]["deploy_profile"]
+    assert all(n == 4 for n in p.solo_samples.values())
+    assert summary["pipelines"]["qwen2_5_omni"]["solo_wall_s"]
