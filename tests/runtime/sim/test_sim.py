@@ -233,7 +233,10 @@ def _probe(
     setup: SimSetup, trace: Trace, system: str = "horizon", boost: bool = True
 ) -> tuple[SimResult, int, bool, list[int]]:
     """(result, boosted iterations, downstream active at the probe, caps from the probe on)."""
-    control = setup.control.model_copy(update={"urgent_prefill_boost": boost})
+    # Eq. (1)'s ladder alone: the slack split and an OPEN shared level would pick other caps.
+    control = setup.control.model_copy(
+        update={"urgent_prefill_boost": boost, "slack_split": False, "throttling_pays": True}
+    )
     r = simulate(replace(setup, control=control), trace, system, record_trace=True)
     tr = r.trace
     assert tr is not None
@@ -347,7 +350,9 @@ def _logged(
     setup: SimSetup, system: str, *, lift: bool = True, long_ratio: float | None = None
 ) -> tuple[SimResult, list[Iteration]]:
     """30 s at 8 req/s (the shared stage's running set fills), default artifact."""
-    control = setup.control.model_copy(update={"backlog_lift": lift})
+    control = setup.control.model_copy(
+        update={"backlog_lift": lift, "slack_split": False, "throttling_pays": True}
+    )
     tr = _trace(setup, load_workload(PIPE), 8.0, long_ratio, dur=30.0)
     sim = LoggingSimulator(replace(setup, control=control), tr, system)
     return sim.run(), sim.log
