@@ -1,8 +1,15 @@
-"""Prometheus metrics and the rolling per-class attainment the node summary reports.
+"""Prometheus metrics of one serving process and the rolling per-class attainment window.
 
-Engines call the recorder on every first response and every scheduling step; the sidecar
-serves the registry on /metrics and turns `AttainmentWindow.snapshot()` into the node summary.
-Metric names are prefixed `horizonserve_`.
+Engines call the recorder on every admission, first response, end and scheduling step; the
+serving process exposes the registry on its `/metrics` (vLLM's own `/metrics` for the
+vLLM-Omni engine, whose default registry this shares), and the node sidecar turns
+`AttainmentWindow.snapshot()` (through the stats file) into the node summary.
+
+Names sit beside vLLM's `vllm:` metrics: prefix `horizonserve:`, every family labelled with
+`model_name` like vLLM's, per-class families with `request_class`. The mapping to the vLLM
+metric a reader would compare with is `VLLM_EQUIVALENT` (documented in
+runtime/engine/reference/README.md). Gauges of a class whose window emptied are removed, not
+left at their last value.
 """
 
 from __future__ import annotations
@@ -13,8 +20,33 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+PREFIX = "horizonserve:"
 # First-response latency buckets (seconds): text TTFT is tens of ms, images take seconds.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
+WINDOW_MAX_EVENTS = 200_000  # the attainment window's memory bound (oldest dropped first)
+
+#: HorizonServe family -> the vLLM family it is closest to (None: no vLLM counterpart).
+VLLM_EQUIVALENT: dict[str, str | None] = {
+    "horizonserve:first_response_seconds": "vllm:time_to_first_token_seconds",
+    "horizonserve:e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "horizonserve:requests_total": "vllm:request_success_total (admitted, not finished)",
+    "horizonserve:first_responses_total": None,
+    "horizonserve:late_first_responses_total": None,
+    "horizonserve:request_errors_total": None,
+    "horizonserve:request_timeouts_total": None,
+    "horizonserve:requests_cancelled_total": None,
+    "horizonserve:request_rejections_total": None,
+    "horizonserve:slo_attainment_ratio": None,
+    "horizonserve:num_requests_running": "vllm:num_requests_running (per class, all stages)",
+    "horizonserve:stage_requests": "vllm:num_requests_running + waiting (per stage)",
+    "horizonserve:num_requests_waiting": "vllm:num_requests_waiting (shared stage)",
+    "horizonserve:stage_up": None,
+    "horizonserve:stage_restarts_total": None,
+    "horizonserve:shared_stage_sms": None,
+    "horizonserve:downstream_sms": None,
+    "horizonserve:memory_pressure_ratio": None,
+    "horizonserve:speech_underruns_total": None,
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,13 +67,14 @@ def p95(values: list[float]) -> float:
 
 
 class AttainmentWindow:
-    """SLO attainment per class over the last `window_s` seconds of first responses."""
+    """SLO attainment per class over the last `window_s` seconds of first responses (and at
+    most `max_events` of them)."""
 
     __slots__ = ("_events", "window_s")
 
-    def __init__(self, window_s: float = 300.0) -> None:
+    def __init__(self, window_s: float = 300.0, max_events: int = WINDOW_MAX_EVENTS) -> None:
         self.window_s = window_s
-        self._events: deque[tuple[float, str, bool, float]] = deque()
+        self._events: deque[tuple[float, str, bool, float]] = deque(maxlen=max_events)
 
     def record(self, now: float, class_name: str, met: bool, latency_s: float) -> None:
         self._events.append((now, class_name, met, latency_s))
@@ -53,7 +86,7 @@ class AttainmentWindow:
             events.popleft()
         latencies: dict[str, list[float]] = {}
         met: dict[str, int] = {}
-        for _, name, ok, latency in events:
+        for _, name, ok, latency in list(events):
             latencies.setdefault(name, []).append(latency)
             met[name] = met.get(name, 0) + ok
         return {
@@ -61,66 +94,199 @@ class AttainmentWindow:
         }
 
 
-class MetricsRecorder:
-    """All HorizonServe metrics of one serving process, in their own registry."""
+def _name(short: str) -> str:
+    return PREFIX + short
 
-    def __init__(self, registry: CollectorRegistry | None = None, window_s: float = 300.0) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+
+class MetricsRecorder:
+    """All HorizonServe metrics of one serving process, in their own registry (or the one
+    given, e.g. vLLM's default registry)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        window_s: float = 300.0,
+        model_name: str = "horizonserve",
+    ) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.model_name = model_name
+        cls = ["model_name", "request_class"]
+        model = ["model_name"]
         self.first_response = Histogram(
-            "horizonserve_first_response_seconds",
+            _name("first_response_seconds"),
             "First-response latency including queueing (TTFT text, TTFO speech, E2E image).",
-            ["request_class"],
+            cls,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            _name("e2e_request_latency_seconds"),
+            "Arrival to the last output of requests that finished without error.",
+            cls,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.requests = Counter(
-            "horizonserve_requests",
-            "Requests that produced a first response, by SLO outcome.",
-            ["request_class", "slo"],
+            _name("requests"), "Requests admitted to the pipeline.", cls, registry=r
+        )
+        self.first_responses = Counter(
+            _name("first_responses"), "Requests that produced a first response.", cls, registry=r
+        )
+        self.late = Counter(
+            _name("late_first_responses"),
+            "First responses after the class's SLO target.",
+            cls,
+            registry=r,
+        )
+        self.errors = Counter(
+            _name("request_errors"),
+            "Admitted requests that ended with an error (reason: rejected by a stage, "
+            "unavailable = a stage they needed failed or the server stopped).",
+            [*cls, "reason"],
+            registry=r,
+        )
+        self.timeouts = Counter(
+            _name("request_timeouts"),
+            "Requests without a first response within the client's timeout (cancelled).",
+            cls,
+            registry=r,
+        )
+        self.cancelled = Counter(
+            _name("requests_cancelled"),
+            "Requests whose client went away before the answer (cancelled in every stage).",
+            cls,
+            registry=r,
+        )
+        self.rejections = Counter(
+            _name("request_rejections"),
+            "Requests refused before admission (reason: invalid, unauthorized, forbidden, "
+            "too_large, unavailable, stopping); request_class empty when unknown.",
+            [*cls, "reason"],
             registry=r,
         )
         self.attainment = Gauge(
-            "horizonserve_slo_attainment_ratio",
-            "Rolling SLO attainment per class.",
-            ["request_class"],
+            _name("slo_attainment_ratio"),
+            "Rolling SLO attainment per class (absent while the class's window is empty).",
+            cls,
+            registry=r,
+        )
+        self.running = Gauge(
+            _name("num_requests_running"),
+            "Requests in flight (admitted, not finished) per class.",
+            cls,
+            registry=r,
+        )
+        self.stage_requests = Gauge(
+            _name("stage_requests"),
+            "Requests each stage holds now, waiting or running (queue depth per stage).",
+            [*model, "stage"],
+            registry=r,
+        )
+        self.waiting = Gauge(
+            _name("num_requests_waiting"),
+            "Prompts waiting for a shared-stage batch at the last step.",
+            [*model, "stage"],
+            registry=r,
+        )
+        self.stage_up = Gauge(
+            _name("stage_up"),
+            "1 while a stage runs, 0 while it restarts.",
+            [*model, "stage"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            _name("stage_restarts"),
+            "Stage processes the supervisor restarted.",
+            [*model, "stage"],
             registry=r,
         )
         self.sm_shared = Gauge(
-            "horizonserve_shared_stage_sms", "SMs the shared stage may use.", registry=r
+            _name("shared_stage_sms"), "SMs the shared stage may use.", model, registry=r
         )
         self.sm_downstream = Gauge(
-            "horizonserve_downstream_sms", "SM headroom given to downstream stages.", registry=r
+            _name("downstream_sms"), "SM headroom given to downstream stages.", model, registry=r
         )
         self.pressure = Gauge(
-            "horizonserve_memory_pressure_ratio",
+            _name("memory_pressure_ratio"),
             "Smoothed memory-activity signal (NaN while unknown).",
+            model,
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "horizonserve_waiting_requests", "Requests waiting for the shared stage.", registry=r
+        self.underruns = Counter(
+            _name("speech_underruns"),
+            "Speech chunks that arrived after the audio before them had finished playing.",
+            cls,
+            registry=r,
         )
         self.window = AttainmentWindow(window_s)
+        self._attained: set[str] = set()  # classes with an attainment sample exported
+
+    # -- requests ---------------------------------------------------------------------------
+    def admitted(self, class_name: str) -> None:
+        self.requests.labels(self.model_name, class_name).inc()
+        self.running.labels(self.model_name, class_name).inc()
+
+    def finished(
+        self, class_name: str, failure: str | None, done: float | None, arrival: float
+    ) -> None:
+        """An admitted request left (`failure`: None, or the pipeline's failure kind)."""
+        m = self.model_name
+        self.running.labels(m, class_name).dec()
+        if failure is None:
+            if done is not None:
+                self.latency.labels(m, class_name).observe(max(0.0, done - arrival))
+        elif failure == "timeout":
+            self.timeouts.labels(m, class_name).inc()
+        elif failure == "cancelled":
+            self.cancelled.labels(m, class_name).inc()
+        else:
+            self.errors.labels(m, class_name, failure).inc()
+
+    def rejected(self, class_name: str | None, reason: str) -> None:
+        self.rejections.labels(self.model_name, class_name or "", reason).inc()
 
     def first_response_at(
         self, now: float, class_name: str, latency_s: float, slo_s: float
     ) -> None:
         met = latency_s <= slo_s
-        self.first_response.labels(class_name).observe(latency_s)
-        self.requests.labels(class_name, "met" if met else "missed").inc()
+        m = self.model_name
+        self.first_response.labels(m, class_name).observe(latency_s)
+        self.first_responses.labels(m, class_name).inc()
+        if not met:
+            self.late.labels(m, class_name).inc()
         self.window.record(now, class_name, met, latency_s)
 
+    def underrun(self, class_name: str) -> None:
+        self.underruns.labels(self.model_name, class_name).inc()
+
+    # -- stages -----------------------------------------------------------------------------
     def step(
         self, shared_sms: int, downstream_sms: int, pressure: float | None, waiting: int
     ) -> None:
-        self.sm_shared.set(shared_sms)
-        self.sm_downstream.set(downstream_sms)
-        self.pressure.set(float("nan") if pressure is None else pressure)
-        self.queue_depth.set(waiting)
+        m = self.model_name
+        self.sm_shared.labels(m).set(shared_sms)
+        self.sm_downstream.labels(m).set(downstream_sms)
+        self.pressure.labels(m).set(float("nan") if pressure is None else pressure)
+        self.waiting.labels(m, "shared").set(waiting)
+
+    def set_stage_depths(self, depths: dict[str, int]) -> None:
+        for stage, n in depths.items():
+            self.stage_requests.labels(self.model_name, stage).set(n)
+
+    def set_stage_up(self, up: dict[str, bool]) -> None:
+        for stage, ok in up.items():
+            self.stage_up.labels(self.model_name, stage).set(1 if ok else 0)
+
+    def stage_restarted(self, stage: str) -> None:
+        self.restarts.labels(self.model_name, stage).inc()
 
     def refresh_attainment(self, now: float) -> dict[str, ClassAttainment]:
+        """Attainment gauges from the window; a class whose window emptied loses its gauge."""
         snap = self.window.snapshot(now)
         for name, ca in snap.items():
             if ca.attainment is not None:
-                self.attainment.labels(name).set(ca.attainment)
+                self.attainment.labels(self.model_name, name).set(ca.attainment)
+        for gone in self._attained - snap.keys():
+            self.attainment.remove(self.model_name, gone)
+        self._attained = set(snap)
         return snap

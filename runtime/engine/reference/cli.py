@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
+from horizonserve.runtime.engine.reference.access import (
+    API_KEY_ENV,
+    API_KEY_FILE_ENV,
+    access_policy,
+)
 from horizonserve.runtime.engine.reference.pipeline import (
     DOWNSTREAM_STAGES,
     Pipeline,
@@ -40,8 +46,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(DOWNSTREAM_STAGES),
         help="downstream stages to run, comma separated (default speech,image)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    net = parser.add_argument_group("HTTP")
+    net.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; in a pod give the pod IP or 0.0.0.0)",
+    )
+    net.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any)")
+    net.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default ${API_KEY_ENV})",
+    )
+    net.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help=f"file of keys, one per line: KEY [CLASS,CLASS...] (default ${API_KEY_FILE_ENV})",
+    )
+    net.add_argument(
+        "--allowed-classes",
+        default=None,
+        help="classes the --api-key (or, without keys, anyone) may request, comma separated "
+        "(default: all)",
+    )
+    net.add_argument("--backlog", type=int, default=2048, help="listen backlog")
+    net.add_argument("--max-connections", type=int, default=1024, help="open connections")
+    net.add_argument("--served-model-name", default=None, help="the metrics' model_name label")
+    sup = parser.add_argument_group("supervision")
+    sup.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=5.0,
+        help="seconds without a stage heartbeat before the stage is restarted (default 5)",
+    )
+    sup.add_argument("--no-supervise", action="store_true", help="never restart a failed stage")
     parser.add_argument("--max-batch", type=int, help="shared-stage KV slots")
     parser.add_argument("--max-len", type=int, help="shared-stage tokens per slot")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per stage (CPU)")
@@ -81,6 +120,9 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
         threads=args.threads,
         warmup=not args.no_warmup,
         limits=limits,
+        supervise=not args.no_supervise,
+        hang_timeout_s=args.hang_timeout,
+        model_name=args.served_model_name or "",
     )
 
 
@@ -106,21 +148,59 @@ class StatsWriter:
             log.warning("cannot write stats file %s: %s", self.path, exc)
 
 
-def run(args: argparse.Namespace) -> int:
-    from horizonserve.runtime.engine.reference.server import ApiServer
+def device_problem(device: str) -> str | None:
+    """One line saying why the stages cannot run on `device` here, or None."""
+    import importlib.util
 
+    hint = "for a CPU run: horizonserve serve --device cpu --preset tiny"
+    if importlib.util.find_spec("torch") is None:
+        return f"PyTorch is not installed (pip install torch, or the [gpu] extra); {hint}"
+    if device == "cpu":
+        return None
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return f"--device {device}: no CUDA GPU is visible to PyTorch; {hint}"
+    if device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if not index.isdigit() or int(index) >= torch.cuda.device_count():
+            n = torch.cuda.device_count()
+            return f"--device {device}: this host has {n} GPU(s) (cuda:0..cuda:{n - 1})"
+    elif device not in ("auto", "cuda"):
+        return f"--device {device}: use auto, cpu or cuda:N"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from horizonserve.runtime.engine.reference.server import ApiServer, ServerSettings
+
+    problem = device_problem(args.device)
+    if problem is not None:
+        print(f"horizonserve serve: error: {problem}", file=sys.stderr)
+        return 2
+    keys, anonymous = access_policy(args.api_key, args.api_key_file, args.allowed_classes)
+    settings = ServerSettings(
+        backlog=args.backlog,
+        max_connections=args.max_connections,
+        api_keys=keys,
+        anonymous_classes=anonymous,
+    )
+    if not keys and args.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("serving on %s without an API key: anyone who reaches it may use it", args.host)
     pipeline = Pipeline(options_from_args(args))
     stop = threading.Event()
+    server: ApiServer | None = None
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: shutting down", signum)
+        log.info("signal %d: refusing new requests and shutting down", signum)
+        pipeline.refuse_new()
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    pipeline.start()
     try:
-        server = ApiServer(pipeline, args.host, args.port)
+        pipeline.start()
+        server = ApiServer(pipeline, args.host, args.port, settings)
         server.serve_in_thread()
         info = {name: i.get("sm_cap") for name, i in pipeline.stage_info.items()}
         print(
@@ -130,13 +210,22 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         stats = StatsWriter(pipeline, args.stats_file or stats_path(), args.stats_interval)
+        not_live_since: float | None = None
         while not stop.wait(min(0.5, args.stats_interval)):
-            if not pipeline.health()["ok"]:
-                log.error("a stage failed: %s", pipeline.health())
+            if not server.running:
+                log.error("the HTTP server stopped")
+                return 1
+            if pipeline.live():
+                not_live_since = None
+            elif not_live_since is None:
+                not_live_since = time.monotonic()
+            elif time.monotonic() - not_live_since > 10 * args.hang_timeout:
+                log.error("the pipeline cannot recover: %s", pipeline.health())
                 return 1
             stats.maybe_write()
-        server.shutdown()
-        server.server_close()
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         pipeline.stop()
     return 0

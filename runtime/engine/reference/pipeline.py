@@ -1,16 +1,29 @@
 """The front process's view of the pipeline: spawns the stage processes, routes requests in,
-collects events out, and shuts everything down.
+collects events out, supervises the stages and shuts everything down.
 
-    Pipeline.start()   control record in /dev/shm; one spawned process per stage (shared,
-                       speech, image); waits until every stage reported READY
+    Pipeline.start()   control record in /dev/shm (stale ones of killed runs removed first);
+                       one spawned process per stage (shared, speech, image); waits until
+                       every stage reported READY
     Pipeline.submit()  class lookup + arrival stamp, then onto the shared stage's queue;
                        returns a RequestHandle whose events fire at first response / done
+    Pipeline.cancel()  drop one request in every stage (client gone, wait timed out)
     Pipeline.abort()   drop every request in flight (and hand-offs still on their way) in all
                        stages without restarting them; their handles finish with an error
-    Pipeline.stop()    sentinel to every stage, join, terminate stragglers, remove the record
+    Pipeline.stop()    refuse new work at once, answer the requests in flight, sentinel to
+                       every stage, join, kill stragglers, remove the record
 
-A collector thread turns stage events into request records, metrics (MetricsRecorder) and the
-shared stage's step trace (SM split, pressure, batch, timings).
+Every stage has its own inbound and event queues, so a stage killed mid-message can only
+wedge its own queues, which a restart replaces. One reader thread per event queue feeds a
+single dispatcher thread that turns stage events into request records, metrics and the
+shared stage's step trace.
+
+Supervision (`PipelineOptions.supervise`, on in `horizonserve serve`): a thread checks every
+stage each `SUPERVISE_TICK_S` — process exited, or its heartbeat in the control record older
+than `hang_timeout_s` (hung or stopped), in the future, or written by another process. A
+failed stage is killed and started again after a doubling backoff; meanwhile the classes that
+need it are unavailable (`StageUnavailableError`, HTTP 503 with Retry-After) and the other
+classes keep serving. Hand-offs from the shared stage then pass through the front (a relay
+queue per downstream stage) so a restarted downstream stage gets fresh queues.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -29,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from horizonserve.runtime.config import Path, PolicyName, Priority, ServingConfig
+from horizonserve.runtime.config import Path, PolicyName, Priority, RequestClass, ServingConfig
 from horizonserve.runtime.engine.reference.defaults import reference_config
 from horizonserve.runtime.engine.reference.gpu_control import (
     GC,
@@ -40,8 +54,11 @@ from horizonserve.runtime.engine.reference.gpu_control import (
     uses_caps,
     uses_mps,
 )
+from horizonserve.runtime.engine.reference.history import BoundedHistory, tuple_bytes
+from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import (
     ABORTED,
+    CHUNK,
     DONE,
     ERROR,
     FIRST,
@@ -52,11 +69,14 @@ from horizonserve.runtime.engine.reference.protocol import (
     READY,
     SPEECH,
     STOPPED,
+    TOKENS,
     TRACE,
     TRACE_COLUMNS,
     Abort,
     Admit,
+    Cancel,
     Event,
+    Handoff,
     ProbeDecode,
     ProbeLoad,
     ProbeStop,
@@ -65,13 +85,30 @@ from horizonserve.runtime.engine.reference.protocol import (
 )
 from horizonserve.runtime.engine.reference.stages import run_stage
 from horizonserve.runtime.engine.reference.stages.common import StageConfig
+from horizonserve.runtime.engine.reference.supervisor import (
+    RestartBackoff,
+    RestartPolicy,
+    stage_fault,
+)
 from horizonserve.runtime.metrics import MetricsRecorder
-from horizonserve.runtime.monitor import ControlRecord, shm_path
+from horizonserve.runtime.monitor import ControlRecord, remove_stale, shm_dir, shm_path
 from horizonserve.runtime.profiler import RequestProfiler
 
 log = logging.getLogger(__name__)
 
 DOWNSTREAM_STAGES = (SPEECH, IMAGE)
+MAX_RID_CHARS = 128  # request ids longer than this are refused (memory, logs)
+SUPERVISE_TICK_S = 0.1
+RECORD_PREFIX = "horizonserve-control-"
+
+# Stage states (supervision).
+STARTING, RUNNING, DOWN = "starting", "running", "down"
+
+# Why a request ended without an answer; the HTTP layer maps these to status codes.
+REJECTED = "rejected"  # a stage refused the request itself (400)
+UNAVAILABLE = "unavailable"  # a stage it needs failed or the pipeline stops (503)
+CANCELLED = "cancelled"  # the client went away (499 in the logs; nobody reads the reply)
+TIMED_OUT = "timeout"  # no first response within the client's timeout (504)
 
 
 @dataclass
@@ -93,7 +130,15 @@ class PipelineOptions:
     startup_timeout_s: float = 900.0
     trace_interval_s: float = 0.25
     limits: dict[str, int] = field(default_factory=dict)  # thinker max_batch / max_len / …
-    history: int = 100_000  # finished request records and trace rows kept
+    history: int = 100_000  # finished request records and trace rows kept (at most)
+    history_bytes: int = 64 * 2**20  # ... and their estimated bytes (half each)
+    # Supervision (serving): restart a dead or hung stage; off for benchmarks and calibration,
+    # whose probes keep a stage busy without heartbeats and whose results a restart would void.
+    supervise: bool = False
+    hang_timeout_s: float = 5.0  # a ready stage without a heartbeat this long has failed
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    stop_timeout_s: float = 10.0  # stages not gone by then are killed
+    model_name: str = ""  # the `model_name` metrics label (default: reference-<preset>)
 
 
 @dataclass
@@ -115,6 +160,10 @@ class RequestRecord:
     shared_tokens: int | None = None
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    downstream: str | None = None  # the downstream stage of a long-path request
+    failure: str | None = None  # REJECTED / UNAVAILABLE / CANCELLED / TIMED_OUT with `error`
+    retry_after_s: float | None = None  # UNAVAILABLE: when to try again
+    playback: list[float] | None = None  # speech: [playback start, audio seconds delivered]
 
     @property
     def queueing_s(self) -> float | None:
@@ -128,6 +177,13 @@ class RequestRecord:
     def slo_met(self) -> bool | None:
         fr = self.first_response_s
         return None if fr is None else fr <= self.slo_s
+
+    @property
+    def stage(self) -> str:
+        """The stage holding the request now (by what the front has seen)."""
+        if self.downstream is not None and self.handoff is not None:
+            return self.downstream
+        return "shared"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -150,19 +206,39 @@ class RequestRecord:
         }
 
 
-class RequestHandle:
-    __slots__ = ("done", "first", "record")
+def record_bytes(rec: RequestRecord) -> int:
+    """Estimated memory of a finished record (object, id, error, info)."""
+    n = sys.getsizeof(rec) + sys.getsizeof(rec.rid) + 400  # floats, short strings, the dict
+    if rec.error:
+        n += sys.getsizeof(rec.error)
+    return n + 120 * len(rec.info)
 
-    def __init__(self, record: RequestRecord) -> None:
+
+#: A listener gets (event kind, event data) from the dispatcher thread; it must not block.
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class RequestHandle:
+    __slots__ = ("done", "first", "listener", "record")
+
+    def __init__(self, record: RequestRecord, listener: Listener | None = None) -> None:
         self.record = record
         self.first = threading.Event()
         self.done = threading.Event()
+        self.listener = listener
 
     def wait_first(self, timeout: float | None = None) -> bool:
         return self.first.wait(timeout)
 
     def wait_done(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
+
+    def notify(self, kind: str, data: dict[str, Any]) -> None:
+        if self.listener is not None:
+            try:
+                self.listener(kind, data)
+            except Exception:  # a listener's bug must not stop the dispatcher
+                log.exception("request listener failed")
 
 
 class PipelineError(RuntimeError):
@@ -171,6 +247,16 @@ class PipelineError(RuntimeError):
 
 class SharingMismatchError(PipelineError):
     """The new policy needs another GPU-sharing mode: the stages must be restarted."""
+
+
+class StageUnavailableError(PipelineError):
+    """A stage the request's class needs is down or restarting; try again later."""
+
+    def __init__(self, stage: str, class_name: str, retry_after_s: float, reason: str) -> None:
+        super().__init__(f"class {class_name!r} is unavailable: {stage} stage {reason}")
+        self.stage = stage
+        self.class_name = class_name
+        self.retry_after_s = retry_after_s
 
 
 def resolve_device(device: str) -> str:
@@ -191,26 +277,66 @@ def device_sms(device: str) -> int | None:
     return int(torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
 
 
+def downstream_of(cls: RequestClass) -> str | None:
+    """The downstream stage a class's requests go through (None: short path)."""
+    if cls.path is not Path.LONG:
+        return None
+    return SPEECH if cls.priority is Priority.AUDIO else IMAGE
+
+
+@dataclass
+class StageSlot:
+    """Supervision state of one stage (the process, its queues and its history)."""
+
+    name: str
+    proc: Any = None
+    in_q: Any = None
+    events: Any = None
+    gen: int = 0
+    state: str = STARTING
+    started: float = 0.0  # monotonic s of the last spawn
+    ready_ns: int = 0  # monotonic ns when the current process reported READY
+    restart_at: float = 0.0
+    reason: str | None = None  # why it is down
+    restarts: int = 0
+    startup_s: float = 5.0  # last measured spawn → READY (for Retry-After)
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    faults: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
+
+
 class Pipeline:
     def __init__(self, options: PipelineOptions | None = None) -> None:
-        self.options = options or PipelineOptions()
+        self.options = opts = options or PipelineOptions()
         self.device = ""
         self.config: ServingConfig | None = None
-        self.metrics = MetricsRecorder()
+        self.metrics = MetricsRecorder(model_name=opts.model_name or f"reference-{opts.preset}")
         self.stage_info: dict[str, dict[str, Any]] = {}
-        self.trace: deque[tuple[Any, ...]] = deque(maxlen=self.options.history)
+        half = max(1, opts.history_bytes // 2)
+        self.trace: BoundedHistory[tuple[Any, ...]] = BoundedHistory(
+            half, tuple_bytes, opts.history
+        )
         self.trace_received_t = 0.0  # stage-side send time of the newest trace batch
-        self.finished: deque[RequestRecord] = deque(maxlen=self.options.history)
-        self.errors: list[str] = []
+        self.finished: BoundedHistory[RequestRecord] = BoundedHistory(
+            half, record_bytes, opts.history
+        )
+        self.errors: list[str] = []  # stage-level failures (the newest 100)
+        self._error_count = 0
         self._handles: dict[str, RequestHandle] = {}
         self._lock = threading.Lock()
+        self._slots: dict[str, StageSlot] = {}
         self._procs: dict[str, Any] = {}
         self._queues: dict[str, Any] = {}
-        self._events: Any = None
+        self._relay: dict[str, Any] = {}  # downstream name -> hand-off relay queue (supervised)
+        self._inbox: queue.Queue[tuple[str, int, Event] | None] = queue.Queue()
+        self._ctx: Any = None
+        self._base: StageConfig | None = None
         self._record: ControlRecord | None = None
         self._profiler: RequestProfiler | None = None
         self._collector: threading.Thread | None = None
+        self._supervisor: threading.Thread | None = None
+        self._pumps: list[threading.Thread] = []
         self._running = False
+        self._stopping = False
         self._ready = threading.Condition(self._lock)
         self._stopped: set[str] = set()
         self._mps: Any = None
@@ -221,7 +347,14 @@ class Pipeline:
         self._probes: dict[str, dict[str, Any]] = {}
         self._aborts: dict[str, int] = {}  # stage → requests dropped, per `abort` call
         self.on_event: Callable[[Event], None] | None = None  # test hook
-        self.stage_pids: list[int] = []  # pids of the last started stages (kept after stop)
+        self._pids: dict[str, int] = {}  # pids of the last started stages (kept after stop)
+        self.supervisor_tick_t = 0.0  # monotonic s of the supervisor's last tick
+        self.record_repairs = 0  # control-record headers rewritten after corruption
+        self._samples_per_second = 1.0
+
+    @property
+    def stage_pids(self) -> list[int]:
+        return list(self._pids.values())
 
     # -- lifetime ---------------------------------------------------------------------------
     def start(self) -> Pipeline:
@@ -245,14 +378,19 @@ class Pipeline:
             log.warning("ladder total %d SMs, device has %d", config.ladder.total, sms)
         self.config = config
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
+        preset = get_preset(opts.preset, **opts.limits)
+        self._samples_per_second = float(
+            preset.code2wav.samples_per_code * preset.codes_per_audio_second
+        )
 
-        name = f"horizonserve-control-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        remove_stale(shm_dir(), (RECORD_PREFIX,))  # records of front processes killed earlier
+        name = f"{RECORD_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._record = ControlRecord.create(shm_path(name), n_slots=len(DOWNSTREAM_STAGES))
         # Ladders are pre-allocated when the sharing mode caps; a policy that does not throttle
         # (set_policy within the same mode, e.g. calibration's solo runs) never activates them.
         capped = cuda and uses_caps(self.sharing)
         log.info("GPU sharing %s (policy %s, ladders %s)", self.sharing, policy, capped)
-        base = StageConfig(
+        self._base = StageConfig(
             preset=opts.preset,
             device=self.device,
             serving_json=config.model_dump_json(),
@@ -266,43 +404,79 @@ class Pipeline:
             warmup=opts.warmup,
             limits=dict(opts.limits),
         )
-        ctx = mp.get_context("spawn")
-        self._events = ctx.Queue()
-        self._queues = {"shared": ctx.Queue()}
-        for name in opts.downstream:
-            self._queues[name] = ctx.Queue()
-        handoff_qs = {n: self._queues[n] for n in opts.downstream}
-        procs = {
-            "shared": ctx.Process(
-                target=run_stage,
-                args=("shared", base, self._queues["shared"], self._events, handoff_qs),
-                name="horizonserve-shared",
-                daemon=True,
-            )
-        }
-        for name in opts.downstream:
-            slot = DOWNSTREAM_STAGES.index(name)
-            cfg = replace(base, downstream_slot=slot, seed=opts.seed + slot + 1)
-            procs[name] = ctx.Process(
-                target=run_stage,
-                args=(name, cfg, self._queues[name], self._events),
-                name=f"horizonserve-{name}",
-                daemon=True,
-            )
-        self._procs = procs
+        self._ctx = mp.get_context("spawn")
         self._running = True
-        self.stage_pids = []
+        self._stopping = False
         self._collector = threading.Thread(target=self._collect, name="events", daemon=True)
         self._collector.start()
-        for p in procs.values():
-            p.start()
-            self.stage_pids.append(p.pid)
+        for name in (*opts.downstream, "shared"):  # downstream first: their queues exist
+            self._slots[name] = StageSlot(name)
+            self._spawn(name)
         try:
             self._wait_ready(opts.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+        if opts.supervise:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="supervisor", daemon=True
+            )
+            self._supervisor.start()
         return self
+
+    def _spawn(self, name: str) -> None:
+        """Start (or restart) stage `name` with fresh queues."""
+        assert self._base is not None and self._ctx is not None
+        ctx, opts, slot = self._ctx, self.options, self._slots[name]
+        slot.gen += 1
+        slot.in_q, slot.events = ctx.Queue(), ctx.Queue()
+        slot.state, slot.started, slot.ready_ns = STARTING, time.monotonic(), 0
+        if name == "shared":
+            if opts.supervise:
+                self._relay = {n: ctx.Queue() for n in opts.downstream}
+                targets = dict(self._relay)
+                for target, q in targets.items():
+                    self._pump(q, name, slot.gen, lambda m, t=target: self._forward(t, m))
+            else:
+                targets = {n: self._slots[n].in_q for n in opts.downstream}
+            args: tuple[Any, ...] = ("shared", self._base, slot.in_q, slot.events, targets)
+        else:
+            index = DOWNSTREAM_STAGES.index(name)
+            cfg = replace(self._base, downstream_slot=index, seed=opts.seed + index + 1)
+            args = (name, cfg, slot.in_q, slot.events)
+        slot.proc = ctx.Process(
+            target=run_stage, args=args, name=f"horizonserve-{name}", daemon=True
+        )
+        self._procs[name] = slot.proc
+        self._queues[name] = slot.in_q
+        gen = slot.gen
+        self._pump(slot.events, name, gen, lambda ev: self._inbox.put((name, gen, ev)))
+        slot.proc.start()
+        self._pids[name] = slot.proc.pid
+
+    def _pump(self, q: Any, name: str, gen: int, sink: Callable[[Any], None]) -> None:
+        """A reader thread: `q` → `sink` until the stage's generation changes (or the pipeline
+        stops) and `q` is empty."""
+
+        def loop() -> None:
+            while True:
+                try:
+                    item = q.get(timeout=0.1)
+                except queue.Empty:
+                    if not self._running or self._slots[name].gen != gen:
+                        return
+                    continue
+                except (EOFError, OSError, ValueError):
+                    return
+                try:
+                    sink(item)
+                except Exception:
+                    log.exception("pump %s: bad item %r", name, item)
+
+        thread = threading.Thread(target=loop, name=f"pump-{name}-{gen}", daemon=True)
+        thread.start()
+        self._pumps = [t for t in self._pumps if t.is_alive()]
+        self._pumps.append(thread)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -319,10 +493,20 @@ class Pipeline:
                     raise PipelineError(f"stages not ready after {timeout:.0f} s: {missing}")
                 self._ready.wait(min(left, 0.2))
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def refuse_new(self) -> None:
+        """Refuse new requests from now on and answer those in flight (503): the first step
+        of a shutdown, safe to call from a signal handler's thread."""
+        self._stopping = True
+        self._fail_where(lambda _rec: True, "pipeline stopped", UNAVAILABLE, None)
+
+    def stop(self, timeout: float | None = None) -> None:
         """Stop every stage; never leaves a stage process behind."""
         if not self._procs:
             return
+        self.refuse_new()
+        if self._supervisor is not None:
+            self._supervisor.join(2.0)
+        timeout = self.options.stop_timeout_s if timeout is None else timeout
         for q in self._queues.values():
             with contextlib.suppress(ValueError, OSError):
                 q.put(None)
@@ -331,25 +515,18 @@ class Pipeline:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self._procs.values():
             if p.is_alive():
-                log.warning("stage process %s did not stop; terminating", p.name)
-                p.terminate()
-                p.join(5.0)
-            if p.is_alive():
+                log.warning("stage process %s did not stop; killing it", p.name)
                 p.kill()
                 p.join(5.0)
         self._running = False
+        for t in self._pumps:
+            t.join(2.0)
+        self._inbox.put(None)
         if self._collector is not None:
             self._collector.join(5.0)
-        for q in [*self._queues.values(), self._events]:
-            if q is not None:
-                q.cancel_join_thread()
-                q.close()
-        with self._lock:
-            for h in self._handles.values():
-                if not h.done.is_set():
-                    h.record.error = h.record.error or "pipeline stopped"
-                    h.first.set()
-                    h.done.set()
+        for slot in self._slots.values():
+            _close_queues(slot.in_q, slot.events)
+        _close_queues(*self._relay.values())
         if self._record is not None:
             self._record.close()
             self._record.unlink()
@@ -407,19 +584,131 @@ class Pipeline:
         self._mps.stop()
         self._mps = None
 
+    # -- supervision ------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while self._running and not self._stopping:
+            try:
+                self._supervise_once(time.monotonic())
+            except Exception:  # the supervisor must outlive any surprise
+                log.exception("supervisor tick failed")
+            self.supervisor_tick_t = time.monotonic()
+            time.sleep(SUPERVISE_TICK_S)
+
+    def _supervise_once(self, now: float) -> None:
+        record = self._record
+        if record is None:
+            return
+        problem = record.header_problem()
+        if problem is not None:
+            log.error("control record %s: %s; rewriting it", record.path, problem)
+            record.repair_header()
+            self.record_repairs += 1
+        now_ns = time.monotonic_ns()
+        hang_ns = int(self.options.hang_timeout_s * 1e9)
+        for name, slot in self._slots.items():
+            if self._stopping:
+                return
+            if slot.state == RUNNING:
+                beat, writer = self._beat(name)
+                fault = stage_fault(
+                    exitcode=slot.proc.exitcode,
+                    pid=slot.proc.pid,
+                    beat_ns=beat,
+                    writer_pid=writer,
+                    ready_ns=slot.ready_ns,
+                    now_ns=now_ns,
+                    hang_ns=hang_ns,
+                )
+                if fault is not None:
+                    self._stage_failed(slot, fault, now)
+            elif slot.state == STARTING:
+                if slot.proc.exitcode is not None:
+                    self._stage_failed(slot, "exited during start-up", now)
+                elif now - slot.started > self.options.startup_timeout_s:
+                    self._stage_failed(slot, "not ready in time", now)
+            elif now >= slot.restart_at:
+                slot.restarts += 1
+                log.warning("restarting the %s stage (restart %d)", name, slot.restarts)
+                self._spawn(name)
+
+    def _beat(self, name: str) -> tuple[int, int]:
+        """(heartbeat ns, writer pid or 0) of a stage from the control record."""
+        assert self._record is not None
+        if name == "shared":
+            return self._record.read_alive_ns(), 0
+        activity = self._record.read_downstream(DOWNSTREAM_STAGES.index(name))
+        return activity.heartbeat_ns, activity.writer_pid
+
+    def _stage_failed(self, slot: StageSlot, reason: str, now: float) -> None:
+        name = slot.name
+        log.error("%s stage failed: %s", name, reason)
+        with self._lock:
+            slot.state, slot.reason = DOWN, reason
+            slot.restart_at = slot.backoff.failed(now)
+            self.stage_info.pop(name, None)
+        slot.faults.append({"t": now, "reason": reason, "restart_at": slot.restart_at})
+        self.metrics.stage_restarted(name)
+        proc = slot.proc
+        if proc.is_alive():
+            proc.kill()  # also ends a stopped (SIGSTOP) process
+        proc.join(2.0)
+        _close_queues(slot.in_q)
+        retry = self._retry_after(slot, now)
+        message = f"{name} stage failed ({reason}); restarting"
+        if name == "shared":
+            hit = self._fail_where(lambda r: r.stage == "shared", message, UNAVAILABLE, retry)
+        else:
+            hit = self._fail_where(lambda r: r.downstream == name, message, UNAVAILABLE, retry)
+            shared = self._slots["shared"]
+            if hit and shared.state == RUNNING:
+                shared.in_q.put(Cancel(tuple(hit)))  # don't hand them off any more
+
+    def _retry_after(self, slot: StageSlot, now: float) -> float:
+        return max(1.0, slot.restart_at - now + slot.startup_s)
+
+    def degraded(self) -> dict[str, str]:
+        """Classes that cannot be served now, with the reason."""
+        if self.config is None:
+            return {}
+        out: dict[str, str] = {}
+        for cls in self.config.slo.classes:
+            for stage in ("shared", downstream_of(cls)):
+                if stage is None:
+                    continue
+                slot = self._slots.get(stage)
+                if slot is None:
+                    out[cls.name] = f"the {stage} stage is not run by this server"
+                elif slot.state != RUNNING:
+                    out[cls.name] = f"the {stage} stage is {slot.state} ({slot.reason})"
+                    break
+        return out
+
     # -- requests ---------------------------------------------------------------------------
-    def submit(self, spec: RequestSpec, arrival: float | None = None) -> RequestHandle:
-        """Send a request to the shared stage; raises ValueError for an unservable request."""
-        if not self._running or self._profiler is None:
+    def submit(
+        self,
+        spec: RequestSpec,
+        arrival: float | None = None,
+        listener: Listener | None = None,
+    ) -> RequestHandle:
+        """Send a request to the shared stage; raises ValueError for an unservable request,
+        StageUnavailableError while a stage it needs is down, PipelineError when stopped."""
+        if not self._running or self._stopping or self._profiler is None:
             raise PipelineError("pipeline is not running")
+        if not spec.rid or len(spec.rid) > MAX_RID_CHARS:
+            raise ValueError(f"id: 1 to {MAX_RID_CHARS} characters")
         costs = self._profiler.costs(priority=spec.priority, class_name=spec.class_name)
         cls = costs.cls
-        downstream: str | None = None
-        if cls.path is Path.LONG:
-            downstream = SPEECH if cls.priority is Priority.AUDIO else IMAGE
-            if downstream not in self._procs:
-                raise ValueError(f"class {cls.name!r} needs the {downstream} stage, not running")
-        arrival = time.monotonic() if arrival is None else arrival
+        downstream = downstream_of(cls)
+        if downstream is not None and downstream not in self._procs:
+            raise ValueError(f"class {cls.name!r} needs the {downstream} stage, not running")
+        now = time.monotonic()
+        for stage in ("shared", downstream):
+            slot = self._slots.get(stage) if stage else None
+            if slot is not None and slot.state != RUNNING:
+                reason = f"is {slot.state}" + (f" ({slot.reason})" if slot.reason else "")
+                self.metrics.rejected(cls.name, "unavailable")
+                raise StageUnavailableError(stage, cls.name, self._retry_after(slot, now), reason)
+        arrival = now if arrival is None else arrival
         record = RequestRecord(
             spec.rid,
             cls.name,
@@ -428,21 +717,74 @@ class Pipeline:
             cls.metric.value,
             costs.target_s,
             arrival,
+            downstream=downstream,
         )
-        handle = RequestHandle(record)
+        handle = RequestHandle(record, listener)
         with self._lock:
             if spec.rid in self._handles:
                 raise ValueError(f"request id {spec.rid!r} is already in flight")
             self._handles[spec.rid] = handle
+        self.metrics.admitted(cls.name)
         self._queues["shared"].put(Admit(spec, arrival, downstream))
         return handle
 
+    def cancel(self, rid: str, reason: str = "cancelled", failure: str = CANCELLED) -> bool:
+        """Drop request `rid` in every stage (its handle finishes with `reason`); False when
+        it is not in flight (finished already)."""
+        with self._lock:
+            handle = self._handles.get(rid)
+        if handle is None:
+            return False
+        rec = handle.record
+        rec.error, rec.failure = reason, failure
+        if not self._retire(handle):
+            return False
+        stages = ["shared"] if rec.downstream is None else ["shared", rec.downstream]
+        for stage in stages:
+            slot = self._slots.get(stage)
+            if slot is not None and slot.state == RUNNING:
+                slot.in_q.put(Cancel((rid,)))
+        return True
+
+    def _forward(self, target: str, msg: Handoff) -> None:
+        """Relay a hand-off to the current `target` stage (supervised pipelines)."""
+        with self._lock:
+            handle = self._handles.get(msg.rid)
+        if handle is None:
+            return  # cancelled or failed meanwhile: no downstream work for it
+        slot = self._slots[target]
+        if slot.state != RUNNING:
+            rec = handle.record
+            rec.error, rec.failure = f"{target} stage is {slot.state}", UNAVAILABLE
+            rec.retry_after_s = self._retry_after(slot, time.monotonic())
+            self._retire(handle)
+            return
+        slot.in_q.put(msg)
+
+    def _fail_where(
+        self,
+        hit: Callable[[RequestRecord], bool],
+        message: str,
+        failure: str,
+        retry_after_s: float | None,
+    ) -> list[str]:
+        """Finish every in-flight request `hit` selects with an error; returns their ids."""
+        with self._lock:
+            handles = [h for h in self._handles.values() if hit(h.record)]
+        failed = []
+        for handle in handles:
+            rec = handle.record
+            rec.error, rec.failure, rec.retry_after_s = message, failure, retry_after_s
+            if self._retire(handle):
+                failed.append(rec.rid)
+        return failed
+
     def _wait_locked(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         """Wait (holding `_ready`) until `done()`; fail fast on a stage error or death."""
-        errors = len(self.errors)
+        errors = self._error_count
         deadline = time.monotonic() + timeout
         while not done():
-            if len(self.errors) > errors:
+            if self._error_count > errors:
                 raise PipelineError(f"{what}: {self.errors[-1]}")
             dead = [n for n, p in self._procs.items() if p.exitcode is not None]
             if dead:
@@ -541,12 +883,91 @@ class Pipeline:
             return self._probes.pop(stage)
 
     def health(self) -> dict[str, Any]:
-        stages = {
-            name: {"alive": p.is_alive(), "pid": p.pid, "ready": name in self.stage_info}
-            for name, p in self._procs.items()
-        }
+        """Stages, degraded classes, liveness and readiness (see `live` / `ready`)."""
+        now_ns = time.monotonic_ns()
+        stages: dict[str, Any] = {}
+        for name, slot in self._slots.items():
+            p = slot.proc
+            info: dict[str, Any] = {
+                "alive": p.is_alive() if p is not None else False,
+                "pid": p.pid if p is not None else None,
+                "ready": name in self.stage_info,
+                "state": slot.state,
+                "restarts": slot.restarts,
+            }
+            if self._record is not None and slot.state == RUNNING:
+                beat = self._beat(name)[0]
+                info["heartbeat_age_s"] = round((now_ns - max(beat, slot.ready_ns)) / 1e9, 3)
+            if slot.reason and slot.state != RUNNING:
+                info["reason"] = slot.reason
+            if slot.faults:
+                info["last_fault"] = slot.faults[-1]["reason"]
+            stages[name] = info
         ok = bool(stages) and all(s["alive"] and s["ready"] for s in stages.values())
-        return {"ok": ok and not self.errors, "stages": stages, "errors": self.errors[-5:]}
+        ok = ok and self._running and not self._stopping
+        if not self.options.supervise:
+            ok = ok and not self.errors
+        return {
+            "ok": ok,
+            "live": self.live(),
+            "ready": self.ready(),
+            "degraded": self.degraded(),
+            "stages": stages,
+            "errors": self.errors[-5:],
+        }
+
+    def live(self) -> bool:
+        """Liveness: False only when this process cannot recover by itself (restart the pod).
+
+        Supervised: the supervisor ticks and no stage exhausted its restart budget.
+        Unsupervised: every stage process runs and beats in the control record.
+        """
+        if not self._running or self._stopping:
+            return False
+        now = time.monotonic()
+        if self.options.supervise:
+            if now - self.supervisor_tick_t > max(2.0, 20 * SUPERVISE_TICK_S):
+                return False
+            return not any(s.backoff.exhausted(now) for s in self._slots.values())
+        now_ns, hang_ns = time.monotonic_ns(), int(self.options.hang_timeout_s * 1e9)
+        for name, slot in self._slots.items():
+            if slot.ready_ns == 0:
+                return False
+            beat, writer = self._beat(name)
+            fault = stage_fault(
+                exitcode=slot.proc.exitcode,
+                pid=slot.proc.pid,
+                beat_ns=beat,
+                writer_pid=writer,
+                ready_ns=slot.ready_ns,
+                now_ns=now_ns,
+                hang_ns=hang_ns,
+            )
+            if fault is not None:
+                return False
+        return True
+
+    def ready(self) -> bool:
+        """Readiness: at least one class can be served now (the others: `degraded()`)."""
+        if not self._running or self._stopping or self.config is None:
+            return False
+        return len(self.degraded()) < len(self.config.slo.classes)
+
+    def stage_depths(self) -> dict[str, int]:
+        """Requests held by each stage now (front-side accounting)."""
+        depth = dict.fromkeys(self._slots, 0)
+        with self._lock:
+            for handle in self._handles.values():
+                stage = handle.record.stage
+                depth[stage] = depth.get(stage, 0) + 1
+        return depth
+
+    def refresh_metrics(self, now: float | None = None) -> None:
+        """Bring the scrape-time gauges up to date (attainment window, depths, in flight)."""
+        now = time.monotonic() if now is None else now
+        self.metrics.refresh_attainment(now)
+        self.metrics.set_stage_depths(self.stage_depths())
+        self.metrics.set_stage_up({n: s.state == RUNNING for n, s in self._slots.items()})
 
     def in_flight(self) -> int:
         with self._lock:
@@ -566,19 +987,18 @@ class Pipeline:
 
     # -- events -----------------------------------------------------------------------------
     def _collect(self) -> None:
-        while self._running or not self._events.empty():
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            name, gen, event = item
+            slot = self._slots.get(name)
             try:
-                event = self._events.get(timeout=0.1)
-            except (queue.Empty, EOFError, OSError, ValueError):
-                if not self._running:
-                    return
-                continue
-            try:
-                self._on_event(event)
+                self._on_event(event, slot is not None and slot.gen == gen)
             except Exception:
                 log.exception("bad event %r", event)
 
-    def _on_event(self, ev: Event) -> None:
+    def _on_event(self, ev: Event, current: bool = True) -> None:
         if self.on_event is not None:
             self.on_event(ev)
         kind = ev.kind
@@ -590,7 +1010,16 @@ class Pipeline:
             pressure = last[4]
             self.metrics.step(last[1], last[2], pressure, last[10])
             return
+        if kind == TOKENS:
+            with self._lock:
+                targets = [(self._handles.get(rid), tok) for rid, tok in ev.data["tokens"]]
+            for handle, tok in targets:
+                if handle is not None:
+                    handle.notify(TOKENS, {"token": tok})
+            return
         if kind in (READY, STOPPED, ERROR, POLICY, PROBE, ABORTED) and ev.rid is None:
+            if not current:
+                return  # from a stage process that was replaced
             with self._ready:
                 if kind == ABORTED:
                     self._aborts[ev.stage] = ev.data["dropped"]
@@ -600,11 +1029,20 @@ class Pipeline:
                     self._policy_ack = ev.data["policy"]
                 elif kind == READY:
                     self.stage_info[ev.stage] = ev.data
+                    slot = self._slots.get(ev.stage)
+                    if slot is not None:
+                        slot.state, slot.reason = RUNNING, None
+                        slot.ready_ns = time.monotonic_ns()
+                        slot.startup_s = time.monotonic() - slot.started
+                        if slot.restarts:
+                            log.warning("%s stage ready again after restart", ev.stage)
                 elif kind == STOPPED:
                     self._stopped.add(ev.stage)
                     self.stage_info.setdefault(ev.stage, {})["stopped"] = ev.data
                 else:
+                    self._error_count += 1
                     self.errors.append(f"{ev.stage}: {ev.data.get('message')}")
+                    del self.errors[:-100]
                     log.error("stage %s failed: %s", ev.stage, ev.data.get("message"))
                 self._ready.notify_all()
             return
@@ -620,8 +1058,12 @@ class Pipeline:
             if rec.first is None:
                 rec.first = ev.t
                 rec.info.update({k: v for k, v in data.items() if k != "scheduled"})
+                if "samples" in data:
+                    self._playback(rec, ev.t, data["samples"])
                 self.metrics.first_response_at(ev.t, rec.class_name, ev.t - rec.arrival, rec.slo_s)
             handle.first.set()
+        elif kind == CHUNK:
+            self._playback(rec, ev.t, data["samples"])
         elif kind == HANDOFF:
             rec.handoff = ev.t
             rec.shared_tpot_s = data.get("tpot")
@@ -632,13 +1074,45 @@ class Pipeline:
                 rec.shared_tpot_s = data.get("tpot")
                 rec.shared_tokens = data.get("tokens")
             self._retire(handle)
+            return
         elif kind == ERROR:
-            rec.error = str(data.get("message"))
+            rec.error, rec.failure = str(data.get("message")), REJECTED
             self._retire(handle)
+            return
+        handle.notify(kind, data)
 
-    def _retire(self, handle: RequestHandle) -> None:
+    def _playback(self, rec: RequestRecord, t: float, samples: int) -> None:
+        """Speech playback model: audio plays from the first chunk on; a chunk that arrives
+        after the audio before it ran out is an underrun (playback then waits for it)."""
+        play = rec.playback
+        if play is None:
+            play = rec.playback = [t, 0.0]  # [playback start, seconds delivered]
+        elif t - play[0] > play[1] + 1e-3:
+            self.metrics.underrun(rec.class_name)
+            rec.info["underruns"] = rec.info.get("underruns", 0) + 1
+            play[0] = t - play[1]
+        play[1] = samples / self._samples_per_second
+
+    def _retire(self, handle: RequestHandle) -> bool:
+        """Finish a request once (True the first time): history, metrics, waiters."""
+        rec = handle.record
         with self._lock:
-            self._handles.pop(handle.record.rid, None)
-        self.finished.append(handle.record)
+            if self._handles.get(rec.rid) is not handle:
+                return False
+            del self._handles[rec.rid]
+        self.finished.append(rec)
+        self.metrics.finished(rec.class_name, rec.failure, rec.done, rec.arrival)
         handle.first.set()
         handle.done.set()
+        handle.notify(DONE if rec.failure is None else ERROR, {})
+        return True
+
+
+def _close_queues(*qs: Any) -> None:
+    """Close queues without waiting for their feeder threads (the reader may be dead)."""
+    for q in qs:
+        if q is None:
+            continue
+        with contextlib.suppress(Exception):
+            q.cancel_join_thread()
+            q.close()

@@ -29,6 +29,8 @@ STOPPED = "stopped"  # a stage left its loop
 POLICY = "policy"  # the shared stage switched policy (data["policy"])
 PROBE = "probe"  # step times per SM level (data: see ProbeDecode / ProbeLoad)
 ABORTED = "aborted"  # a stage dropped requests for an Abort (data["dropped"])
+TOKENS = "tokens"  # shared-stage tokens of streaming requests this step (data["tokens"]: rid, id)
+CHUNK = "chunk"  # a speech chunk after the first (data: chunk, codes, samples)
 
 SPEECH = "speech"
 
@@ -66,6 +68,7 @@ class RequestSpec:
     video_seconds: float = 0.0
     output_tokens: int = 16  # shared-stage (thinker) tokens
     downstream_tokens: int | None = None  # talker codes (speech) / denoising steps (image)
+    stream: bool = False  # the shared stage reports each token (TOKENS events)
 
 
 @dataclass(slots=True, frozen=True)

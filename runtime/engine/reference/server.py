@@ -1,159 +1,562 @@
-"""HTTP API of `horizonserve serve` (standard library only).
+"""HTTP API of `horizonserve serve`: FastAPI/Starlette on uvicorn (vLLM's own stack).
 
-POST /v1/requests   JSON {"priority": 0|10|20 or "class": name, "input_tokens", "audio_seconds",
-                    "images", "output_tokens", "downstream_tokens"?, "id"?, "timeout_s"?}
-                    → 200 when the first response happened: class, metric, queueing and
-                      first-response latency, SLO target and outcome
-                    → 400 bad request, 504 no first response within timeout_s, 503 stopped
-GET  /healthz       200 {"ok": true, "stages": …} while every stage is alive, else 503
-GET  /metrics       Prometheus text of the pipeline's MetricsRecorder registry
+POST /v1/requests   JSON body (api_models.GenerateRequest) → 200 at the first response with
+                    the request's record; "stream": true → Server-Sent Events until it ends
+GET  /health        liveness: 200 while the pipeline can recover by itself, else 503
+GET  /ready         readiness: 200 while some class can be served (body: degraded classes)
+GET  /healthz       everything: stages, heartbeats, restarts, degraded classes
+GET  /metrics       Prometheus text (runtime.metrics names, `horizonserve:` prefix)
+
+Errors are JSON {"error": "<field>: <what to do>", "field": "<field>"}: 400 bad field, 401
+missing or wrong API key, 403 class not allowed for the key, 404/405 route, 408 body too slow,
+413 body too large, 503 (+ Retry-After) a stage the class needs is restarting or the server
+stops, 504 no first response within timeout_s. A client that disconnects, or whose timeout
+passes, has its request cancelled in every stage.
+
+Connections (`ServerSettings`): listen backlog, a cap on open connections (503 beyond), a
+deadline for a request's headers (`GuardedH11Protocol`) and one for its body, keep-alive
+timeout. An oversize body is refused with `Connection: close` and never read, so a request
+hidden in it is never parsed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import logging
+import math
+import socket
 import threading
 import time
 import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from horizonserve.runtime.engine.reference.pipeline import Pipeline, PipelineError
-from horizonserve.runtime.engine.reference.protocol import RequestSpec
+from horizonserve.runtime.engine.reference.api_models import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ApiLimits,
+    GenerateRequest,
+    parse_body,
+    validate_request,
+)
+from horizonserve.runtime.engine.reference.pipeline import (
+    CANCELLED,
+    REJECTED,
+    TIMED_OUT,
+    UNAVAILABLE,
+    Pipeline,
+    PipelineError,
+    RequestHandle,
+    StageUnavailableError,
+)
+from horizonserve.runtime.engine.reference.presets import get_preset
+from horizonserve.runtime.engine.reference.protocol import (
+    CHUNK,
+    DONE,
+    ERROR,
+    FIRST,
+    HANDOFF,
+    TOKENS,
+    RequestSpec,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 300.0
-MAX_BODY = 64 * 1024
-_INT_FIELDS = ("input_tokens", "images", "output_tokens")
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """HTTP-side limits and access policy of the reference server."""
+
+    backlog: int = 2048  # listen queue (Python's default of 5 reset connections under load)
+    max_connections: int = 1024  # open connections; beyond, uvicorn answers 503
+    header_timeout_s: float = 10.0  # a request's headers must be complete by then
+    body_timeout_s: float = 10.0  # ... and its body
+    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
+    graceful_s: float = 5.0  # shutdown: wait this long for responses in progress
+    max_body_bytes: int = MAX_BODY_BYTES
+    # API keys (`Authorization: Bearer <key>`) -> classes the key may request (None: all).
+    # Empty: no authentication; `anonymous_classes` then bounds what anyone may request.
+    api_keys: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    anonymous_classes: frozenset[str] | None = None
 
 
-def parse_request(body: dict[str, Any]) -> tuple[RequestSpec, float]:
-    """A RequestSpec and wait timeout from the JSON body; ValueError names the bad field."""
-    if not isinstance(body, dict):
-        raise ValueError("body must be a JSON object")
-    known = {"id", "priority", "class", *_INT_FIELDS, "audio_seconds", "video_seconds"}
-    known.add("downstream_tokens")
-    unknown = set(body) - known - {"timeout_s"}
-    if unknown:
-        raise ValueError(f"unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
-    priority = body.get("priority")
-    class_name = body.get("class")
-    if priority is None and class_name is None:
-        raise ValueError("give 'priority' (0 text, 10 audio, 20 image) or 'class'")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise ValueError("'priority' must be an integer")
-    if class_name is not None and not isinstance(class_name, str):
-        raise ValueError("'class' must be a string")
-    values: dict[str, Any] = {}
-    for name in _INT_FIELDS:
-        if name in body:
-            v = body[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"'{name}' must be a non-negative integer")
-            values[name] = v
-    for name in ("audio_seconds", "video_seconds"):
-        if name in body:
-            v = body[name]
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-                raise ValueError(f"'{name}' must be a non-negative number")
-            values[name] = float(v)
-    down = body.get("downstream_tokens")
-    if down is not None and (isinstance(down, bool) or not isinstance(down, int) or down <= 0):
-        raise ValueError("'downstream_tokens' must be a positive integer")
-    timeout = body.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError("'timeout_s' must be a positive number")
-    rid = body.get("id") or uuid.uuid4().hex
-    if not isinstance(rid, str):
-        raise ValueError("'id' must be a string")
-    spec = RequestSpec(
-        rid=rid,
-        priority=priority,
-        class_name=class_name,
-        downstream_tokens=down,
-        **values,
-    )
-    return spec, float(timeout)
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline for each request's headers.
+
+    uvicorn re-arms no timer while headers trickle in (every byte cancels the keep-alive
+    timer), so a client sending one byte a second held its connection for ever. Here the
+    connection closes when no complete request head arrived `header_timeout_s` after it
+    opened, or after the previous response.
+    """
+
+    header_timeout_s = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_expired)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_expired(self) -> None:
+        self._header_timer = None
+        in_request = self.cycle is not None and not self.cycle.response_complete
+        if not in_request and not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not before:
+            self._cancel_header_timer()  # a request head arrived
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: ApiServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, payload: dict[str, Any]) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
-
-    def do_GET(self) -> None:
-        pipeline = self.server.pipeline
-        if self.path in ("/health", "/healthz"):  # /health: the name vLLM and the probes use
-            health = pipeline.health()
-            self._json(HTTPStatus.OK if health["ok"] else HTTPStatus.SERVICE_UNAVAILABLE, health)
-        elif self.path == "/metrics":
-            pipeline.metrics.refresh_attainment(time.monotonic())
-            self._send(
-                HTTPStatus.OK, generate_latest(pipeline.metrics.registry), CONTENT_TYPE_LATEST
-            )
-        else:
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
-
-    def do_POST(self) -> None:
-        if self.path != "/v1/requests":
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
-            return
-        arrival = time.monotonic()
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise ValueError(f"body larger than {MAX_BODY} bytes")
-            body = json.loads(self.rfile.read(length) or b"null")
-            spec, timeout = parse_request(body)
-            handle = self.server.pipeline.submit(spec, arrival)
-        except (ValueError, KeyError) as exc:
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(message)})
-            return
-        except PipelineError as exc:
-            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
-            return
-        if not handle.wait_first(timeout):
-            self._json(HTTPStatus.GATEWAY_TIMEOUT, {"error": "no first response in time"})
-            return
-        record = handle.record
-        if record.error is not None and record.first is None:
-            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"id": record.rid, "error": record.error})
-            return
-        self._json(HTTPStatus.OK, record.as_dict())
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-class ApiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, allow_nan=False)}\n\n".encode()
 
-    def __init__(self, pipeline: Pipeline, host: str = "127.0.0.1", port: int = 8000) -> None:
+
+def _finite(payload: dict[str, Any]) -> dict[str, Any]:
+    """NaN / inf (a stage's unknown value) as null: JSON has no such numbers."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in payload.items()
+    }
+
+
+class _Api:
+    """The endpoints' shared state: the pipeline, limits and access policy."""
+
+    def __init__(self, pipeline: Pipeline, settings: ServerSettings) -> None:
         self.pipeline = pipeline
-        super().__init__((host, port), _Handler)
+        self.settings = settings
+        self.limits = ApiLimits.for_preset(get_preset(pipeline.options.preset))
+
+    # -- access -----------------------------------------------------------------------------
+    def allowed_classes(self, request: Request) -> frozenset[str] | None:
+        """Classes this caller may request (None: all); ApiError 401 without a valid key."""
+        keys = self.settings.api_keys
+        if not keys:
+            return self.settings.anonymous_classes
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            given = token.strip().encode()
+            for key, classes in keys.items():
+                if hmac.compare_digest(given, key.encode()):
+                    return classes
+        raise ApiError(
+            401,
+            "authorization",
+            "give 'Authorization: Bearer <API key>' with a key this server accepts",
+            headers={"WWW-Authenticate": "Bearer"},
+            reason="unauthorized",
+        )
+
+    def resolve_class(self, req: GenerateRequest, allowed: frozenset[str] | None) -> str:
+        """The configured class the request names (explicit class first, then the code)."""
+        config = self.pipeline.config
+        if config is None:
+            raise ApiError(503, "server", "not started", reason="stopping")
+        slo = config.slo
+        if req.class_ is not None:
+            names = [c.name for c in slo.classes]
+            if req.class_ not in names:
+                raise ApiError(400, "class", f"unknown class {req.class_!r}; known: {names}")
+            name, where = req.class_, "class"
+        else:
+            codes = {int(c.priority): c.name for c in slo.classes}
+            if req.priority not in codes:
+                raise ApiError(
+                    400, "priority", f"unknown code {req.priority}; known: {sorted(codes)}"
+                )
+            name, where = codes[req.priority], "priority"  # type: ignore[index]
+        if allowed is not None and name not in allowed:
+            raise ApiError(
+                403,
+                where,
+                f"class {name!r} is not allowed for this key; allowed: {sorted(allowed)}",
+                reason="forbidden",
+            )
+        return name
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(
+                413,
+                "body",
+                f"larger than {limit} bytes",
+                headers={"Connection": "close"},
+                reason="too_large",
+            )
+        chunks: list[bytes] = []
+        size = 0
+
+        async def read() -> None:
+            nonlocal size
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(
+                        413,
+                        "body",
+                        f"larger than {limit} bytes",
+                        headers={"Connection": "close"},
+                        reason="too_large",
+                    )
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), self.settings.body_timeout_s)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                "body",
+                f"not complete within {self.settings.body_timeout_s:g} s",
+                headers={"Connection": "close"},
+                reason="invalid",
+            ) from None
+        return b"".join(chunks)
+
+    # -- requests ---------------------------------------------------------------------------
+    async def post_request(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        class_name: str | None = None
+        try:
+            allowed = self.allowed_classes(request)
+            req = validate_request(parse_body(await self.read_body(request)), self.limits)
+            class_name = self.resolve_class(req, allowed)
+            return await self._run(request, req, class_name, arrival)
+        except ApiError as err:
+            self.pipeline.metrics.rejected(class_name, err.reason)
+            return _error(err)
+
+    async def _run(
+        self, request: Request, req: GenerateRequest, class_name: str, arrival: float
+    ) -> Response:
+        spec = RequestSpec(
+            rid=req.id or uuid.uuid4().hex,
+            class_name=class_name,
+            priority=req.priority,
+            input_tokens=req.input_tokens,
+            audio_seconds=req.audio_seconds,
+            images=req.images,
+            video_seconds=req.video_seconds,
+            output_tokens=req.output_tokens,
+            downstream_tokens=req.downstream_tokens,
+            stream=req.stream,
+        )
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+        def listener(kind: str, data: dict[str, Any]) -> None:  # dispatcher thread
+            loop.call_soon_threadsafe(events.put_nowait, (kind, data))
+
+        pipeline = self.pipeline
+        try:
+            handle = pipeline.submit(spec, arrival, listener)
+        except StageUnavailableError as exc:
+            retry = str(math.ceil(exc.retry_after_s))
+            raise ApiError(
+                503, "class", str(exc), headers={"Retry-After": retry}, reason="unavailable"
+            ) from None
+        except PipelineError as exc:
+            raise ApiError(
+                503, "server", f"{exc}; try another replica", reason="stopping"
+            ) from None
+        except (ValueError, KeyError) as exc:
+            message = exc.args[0] if exc.args else str(exc)
+            field_name = "id" if "in flight" in str(message) or "id:" in str(message) else "class"
+            raise ApiError(400, field_name, str(message)) from None
+        if req.stream:
+            return StreamingResponse(
+                self._stream(handle, events, req.timeout_s),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await self._answer(request, handle, events, req.timeout_s)
+
+    async def _answer(
+        self,
+        request: Request,
+        handle: RequestHandle,
+        events: asyncio.Queue[tuple[str, dict[str, Any]]],
+        timeout_s: float,
+    ) -> Response:
+        """Wait for the first response (or the end), the client's disconnect or the timeout."""
+        rec = handle.record
+
+        async def first() -> None:
+            while not handle.first.is_set():
+                kind, _ = await events.get()
+                if kind in (FIRST, DONE, ERROR):
+                    return
+
+        waiter = asyncio.ensure_future(first())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait(
+                {waiter, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (waiter, gone):
+                task.cancel()
+        if waiter not in done and not handle.first.is_set():
+            if gone in done:
+                self.pipeline.cancel(rec.rid, "client disconnected", CANCELLED)
+                return Response(status_code=499)
+            self.pipeline.cancel(rec.rid, f"no first response within {timeout_s:g} s", TIMED_OUT)
+            return _error(
+                ApiError(
+                    504,
+                    "timeout_s",
+                    f"no first response within {timeout_s:g} s; raise timeout_s or retry",
+                )
+            )
+        if rec.first is None and rec.error is not None:
+            return _error(_failure(rec))
+        return JSONResponse(_finite(rec.as_dict()))
+
+    async def _stream(
+        self,
+        handle: RequestHandle,
+        events: asyncio.Queue[tuple[str, dict[str, Any]]],
+        timeout_s: float,
+    ) -> AsyncIterator[bytes]:
+        """SSE: admitted, token (text), first, handoff, chunk (speech), then done or error."""
+        rec = handle.record
+        ended = False
+        try:
+            yield _sse("admitted", {"id": rec.rid, "class": rec.class_name, "slo_s": rec.slo_s})
+            deadline = rec.arrival + timeout_s
+            tokens = 0
+            while True:
+                wait = None if rec.first is not None else max(0.0, deadline - time.monotonic())
+                try:
+                    kind, data = await asyncio.wait_for(events.get(), wait)
+                except TimeoutError:
+                    msg = f"no first response within {timeout_s:g} s"
+                    self.pipeline.cancel(rec.rid, msg, TIMED_OUT)
+                    ended = True
+                    yield _sse("error", {"status": 504, "field": "timeout_s", "error": msg})
+                    return
+                if kind == TOKENS:
+                    tokens += 1
+                    yield _sse("token", {"index": tokens, "token": data.get("token")})
+                elif kind == FIRST:
+                    first = {"first_response_s": rec.first_response_s, "slo_met": rec.slo_met}
+                    yield _sse("first", _finite(first))
+                elif kind == HANDOFF:
+                    yield _sse("handoff", _finite({"handoff_s": rec.as_dict()["handoff_s"]}))
+                elif kind == CHUNK:
+                    yield _sse("chunk", dict(data))
+                elif kind in (DONE, ERROR):
+                    ended = True
+                    if rec.failure is None:
+                        yield _sse("done", _finite(rec.as_dict()))
+                    else:
+                        err = _failure(rec)
+                        yield _sse("error", {"status": err.status, **err.body()})
+                    return
+        finally:
+            if not ended:  # the client went away (the response task was cancelled)
+                self.pipeline.cancel(rec.rid, "client disconnected", CANCELLED)
+
+    # -- health -----------------------------------------------------------------------------
+    def health(self) -> Response:
+        live = self.pipeline.live()
+        body = {"status": "ok" if live else "failed"}
+        return JSONResponse(body, status_code=200 if live else 503)
+
+    def ready(self) -> Response:
+        pipeline = self.pipeline
+        ready = pipeline.ready()
+        body = {"ready": ready, "degraded": pipeline.degraded()}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    def healthz(self) -> Response:
+        health = self.pipeline.health()
+        return JSONResponse(_jsonable(health), status_code=200 if health["ok"] else 503)
+
+    def metrics(self) -> Response:
+        self.pipeline.refresh_metrics()
+        return Response(
+            generate_latest(self.pipeline.metrics.registry), 200, None, CONTENT_TYPE_LATEST
+        )
+
+
+def _failure(rec: Any) -> ApiError:
+    """The HTTP error of a request that ended without a first response."""
+    message = str(rec.error)
+    if rec.failure == UNAVAILABLE:
+        retry = str(math.ceil(rec.retry_after_s)) if rec.retry_after_s else "5"
+        return ApiError(503, "class", message, headers={"Retry-After": retry})
+    if rec.failure == REJECTED:
+        return ApiError(400, "body", message)
+    if rec.failure == TIMED_OUT:
+        return ApiError(504, "timeout_s", message)
+    return ApiError(500, "server", message)
+
+
+def _jsonable(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {str(k): _jsonable(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_jsonable(v) for v in doc]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    return doc
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closed the connection (body already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def create_app(pipeline: Pipeline, settings: ServerSettings | None = None) -> FastAPI:
+    """The ASGI app of the reference server."""
+    api = _Api(pipeline, settings or ServerSettings())
+    app = FastAPI(
+        title="HorizonServe reference engine",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.api = api
+
+    @app.post("/v1/requests")
+    async def post_requests(request: Request) -> Response:
+        return await api.post_request(request)
+
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/ready", api.ready, methods=["GET"])
+    app.add_api_route("/healthz", api.healthz, methods=["GET"])
+    app.add_api_route("/metrics", api.metrics, methods=["GET"])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            err = ApiError(404, "path", f"no route {request.url.path}")
+        elif exc.status_code == 405:
+            err = ApiError(405, "method", f"{request.method} is not allowed on {request.url.path}")
+        else:
+            err = ApiError(exc.status_code, "request", str(exc.detail))
+        return _error(err)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path)
+        return _error(ApiError(500, "server", "internal error (logged)"))
+
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+class ApiServer:
+    """uvicorn serving `create_app(pipeline)` on an explicitly bound socket."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        settings: ServerSettings | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.settings = s = settings or ServerSettings()
+        protocol = type("HeaderTimeoutH11", (GuardedH11Protocol,), {})
+        protocol.header_timeout_s = s.header_timeout_s
+        self.app = create_app(pipeline, s)
+        self._sock = _bind(host, port)
+        config = uvicorn.Config(
+            self.app,
+            http=protocol,
+            backlog=s.backlog,
+            limit_concurrency=s.max_connections,
+            timeout_keep_alive=int(max(1, s.keep_alive_s)),
+            timeout_graceful_shutdown=int(max(1, s.graceful_s)),
+            h11_max_incomplete_event_size=16 * 1024,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            server_header=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        host, port = self._sock.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+        thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="http", daemon=True
+        )
         thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            raise RuntimeError("the HTTP server did not start")
+        self._thread = thread
         return thread
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        """Stop accepting, let responses in progress finish (at most `graceful_s`)."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(self.settings.graceful_s + 5)
+
+    def server_close(self) -> None:
+        self._sock.close()

@@ -101,8 +101,8 @@ def test_healthz_and_metrics(server: ApiServer) -> None:
     status, raw = _call(server, "/metrics")
     text = raw.decode()
     assert status == 200
-    assert 'horizonserve_first_response_seconds_count{request_class="text"}' in text
-    assert "horizonserve_shared_stage_sms" in text
+    assert 'horizonserve:first_response_seconds_count{model_name="reference-tiny",' in text
+    assert "horizonserve:shared_stage_sms" in text
     assert _call(server, "/nowhere")[0] == 404
 
 

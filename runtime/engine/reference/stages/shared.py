@@ -33,6 +33,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     ERROR,
     FIRST,
     HANDOFF,
+    TOKENS,
     TRACE,
     Abort,
     Admit,
@@ -223,6 +224,13 @@ class SharedStage:
         for seq in plan.decode:
             seq.payload.sig.record_progress(decoded=1)
             seq.token_times.append(t2)
+        streamed = [
+            (seq.rid, seq.last_token)
+            for seq in plan.prefill + plan.decode
+            if seq.payload.admit.spec.stream
+        ]
+        if streamed:  # one event per step for all streaming requests
+            self._emit(Event(TOKENS, STAGE, t2, data={"tokens": streamed}))
         for seq in plan.prefill + plan.decode:
             if seq.done:
                 self._finish(seq)

@@ -22,7 +22,14 @@ from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.models import Code2Wav
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
-from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, SPEECH, Event, Handoff
+from horizonserve.runtime.engine.reference.protocol import (
+    CHUNK,
+    DONE,
+    FIRST,
+    SPEECH,
+    Event,
+    Handoff,
+)
 
 STAGE = SPEECH
 DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no length
@@ -137,6 +144,9 @@ class SpeechStage:
             job = seq.payload
             if job.chunks == 1:
                 self.emit(Event(FIRST, STAGE, t, seq.rid, {"samples": job.samples}))
+            else:  # later chunks: streaming and the front's underrun count
+                data = {"chunk": job.chunks, "codes": job.emitted, "samples": job.samples}
+                self.emit(Event(CHUNK, STAGE, t, seq.rid, data))
             if seq.done:
                 data = {"chunks": job.chunks, "codes": len(job.codes), "samples": job.samples}
                 self.emit(Event(DONE, STAGE, t, seq.rid, data))
