@@ -1,0 +1,259 @@
+"""Downstream control, preemption and the slack split: invariants as properties."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from horizonserve.runtime.config import ControlParams, SmLadder
+from horizonserve.runtime.downstream import (
+    FifoQueue,
+    PlaybackClock,
+    SlackQueue,
+    Stamp,
+    realtime_streams,
+)
+from horizonserve.runtime.policy import make_policy
+from horizonserve.runtime.preemption import choose_victim
+from horizonserve.runtime.spatial import AGGRESSIVE, OPEN, SpatialController
+from tests.runtime.builders import make_config
+
+
+def _stamp(i: int, deadline: float, arrival: float = 0.0) -> Stamp:
+    return Stamp(f"r{i}", "audio-out", 10, arrival, deadline, 0.0)
+
+
+# (deadline, first-output estimate, push time) per request.
+_requests = st.lists(
+    st.tuples(
+        st.floats(0.0, 20.0, allow_nan=False),
+        st.floats(0.0, 5.0, allow_nan=False),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_requests, st.lists(st.floats(0.0, 25.0, allow_nan=False), min_size=1, max_size=60))
+def test_slack_queue_is_edf_among_meetable_then_late(reqs, times) -> None:
+    """Every pop is the earliest-deadline meetable request when one exists (a late one never
+    ahead of a meetable one); every request pops exactly once."""
+    q: SlackQueue[int] = SlackQueue()
+    alive = {}
+    for i, (d, first) in enumerate(reqs):
+        q.push(i, _stamp(i, d), first)
+        alive[i] = (d, first)
+    popped = []
+    for now in sorted(times):
+        got = q.pop(now)
+        if got is None:
+            assert not alive
+            break
+        item, late = got
+        meetable = [k for k, (d, f) in alive.items() if now <= d - f]
+        if meetable:
+            best = min(alive[k][0] for k in meetable)
+            assert not late and alive[item][0] == best
+        else:
+            assert late and alive[item][0] == min(d for d, _ in alive.values())
+        del alive[item]
+        popped.append(item)
+    while (got := q.pop(1e9)) is not None:
+        popped.append(got[0])
+        del alive[got[0]]
+    assert sorted(popped) == list(range(len(reqs))) and len(q) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(_requests, st.data())
+def test_removed_requests_never_pop_and_nothing_else_is_lost(reqs, data) -> None:
+    for q in (SlackQueue(), FifoQueue()):
+        items = list(range(len(reqs)))
+        for i, (d, first) in enumerate(reqs):
+            q.push(i, _stamp(i, d), first)
+        gone = set(data.draw(st.lists(st.sampled_from(items), unique=True)))
+        for i in gone:
+            assert q.remove(i)
+        assert not any(q.remove(i) for i in gone)  # removing twice is a no-op
+        out = []
+        while (got := q.pop(3.0)) is not None:
+            out.append(got[0])
+        assert sorted(out) == sorted(set(items) - gone)
+        if isinstance(q, FifoQueue):
+            assert out == [i for i in items if i not in gone]
+
+
+def test_late_requests_are_counted_not_dropped() -> None:
+    q: SlackQueue[str] = SlackQueue()
+    q.push("hopeless", _stamp(0, 1.0), 2.0)  # late_at = -1: late from the start
+    q.push("fine", _stamp(1, 9.0), 1.0)
+    assert q.pop(0.0) == ("fine", False)
+    assert q.pop(0.0) == ("hopeless", True)
+    assert q.late_popped == 1 and q.pop(0.0) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.floats(0.05, 2.0),  # chunk seconds of audio
+    st.floats(0.2, 1.0),  # chunk production time as a fraction of the chunk's audio
+    st.integers(2, 40),
+)
+def test_no_underrun_while_generation_keeps_real_time(chunk_s, speed, n) -> None:
+    """Chunks that arrive no slower than real time never underrun; credit stays ≥ 0."""
+    clock = PlaybackClock()
+    t = 0.0
+    for _ in range(n):
+        assert not clock.on_chunk(t, chunk_s)
+        assert clock.credit(t) >= -1e-9
+        t += speed * chunk_s
+    assert clock.underruns == 0
+
+
+def test_an_underrun_is_counted_once_and_playback_resumes() -> None:
+    clock = PlaybackClock()
+    clock.on_chunk(0.0, 1.0)  # plays until t = 1
+    assert clock.on_chunk(3.0, 1.0)  # 2 s dry
+    assert clock.underruns == 1
+    assert clock.credit(3.0) == 1.0  # playback resumed with the new chunk
+    assert not clock.on_chunk(3.5, 1.0)
+    assert clock.may_yield(3.5, 1.0) and not clock.may_yield(3.5, 2.0)
+
+
+def test_realtime_streams_counts_what_a_batch_sustains() -> None:
+    # 10 ms per step at any batch, 40 ms of audio per step: each stream runs 4x real time.
+    assert realtime_streams(lambda b: 0.01, 0.04, 16) == 64
+    # A step slower than the audio it makes: one stream still served.
+    assert realtime_streams(lambda b: 0.1 * b, 0.04, 8) == 1
+
+
+# -- preemption ---------------------------------------------------------------------------------
+_running = st.lists(
+    st.tuples(
+        st.booleans(),  # long path
+        st.booleans(),  # prefilled
+        st.booleans(),  # handed off
+        st.floats(0.0, 30.0),  # arrival offset
+    ),
+    min_size=0,
+    max_size=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_running, st.floats(0.0, 40.0))
+def test_preemption_picks_the_most_slack_long_decode_never_short_or_protected(rows, now) -> None:
+    policy = make_policy("horizon", make_config())
+    items = []
+    for i, (long_path, prefilled, handed, arrival) in enumerate(rows):
+        sig = policy.profiler.annotate(f"r{i}", arrival, priority=10 if long_path else 0)
+        if prefilled:
+            sig.record_progress(prefilled=True)
+        items.append((sig, handed and long_path))
+    victim = choose_victim(items, now, lambda x: x[0], lambda x: x[1])
+    candidates = [
+        x
+        for x in items
+        if x[0].long_path and x[0].prefilled and (x[1] or now <= x[0].protect_at)
+    ]
+    if not candidates:
+        assert victim is None
+        return
+    assert victim is not None
+    sig, handed = victim
+    assert sig.long_path and sig.prefilled
+    assert handed or not sig.is_protected(now)
+
+    def slack(x):  # type: ignore[no-untyped-def]
+        return math.inf if x[1] else x[0].slack_ratio(now)
+
+    assert slack(victim) == max(slack(x) for x in candidates)
+
+
+def test_preemption_waits_for_a_blocked_urgent_short_request_only() -> None:
+    policy = make_policy("horizon", make_config())
+    long_sig = policy.profiler.annotate("long", 0.0, priority=10)
+    long_sig.record_progress(prefilled=True)
+    running = [long_sig]
+
+    def ask(now: float, next_free: float):  # type: ignore[no-untyped-def]
+        policy.step(now, downstream_active=True)
+        return policy.preemption_victim(running, now, lambda s: s, lambda s: False, next_free)
+
+    assert ask(0.0, 10.0) is None  # nothing waits
+    text = policy.admit("text", 0.0, priority=0)
+    protected_at = text.protect_at + 1e-3
+    assert ask(protected_at, 10.0) is long_sig  # protected, and no place frees in time
+    assert ask(protected_at, 0.0) is None  # a place frees soon enough: no recompute paid
+    policy.admit("text2", protected_at, priority=0)  # an ordinary request waits too: backlog
+    assert ask(protected_at + 1e-4, 10.0) is None
+    for name in ("fcfs", "priority", "horizon-no-preemption"):
+        assert make_policy(name, make_config()).preemption is False
+
+
+# -- the slack split -----------------------------------------------------------------------------
+_LADDER = SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.one_of(st.none(), st.floats(-5, 20)),
+            st.one_of(st.none(), st.floats(-5, 20)),
+            st.floats(0, 1),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_split_moves_toward_the_lower_slack_side_and_sums_to_the_gpu(
+    steps, throttling_pays, reservation_pays
+) -> None:
+    control = ControlParams(
+        throttling_pays=throttling_pays, reservation_pays=reservation_pays, backlog_lift=False
+    )
+    ctl = SpatialController(_LADDER, control)
+    for active, u_shared, u_down, sample in steps:
+        ctl.observe(sample)
+        d = ctl.select(active, False, u_shared, u_down)
+        if not active:  # an idle downstream side gets nothing reserved
+            assert d.level == AGGRESSIVE and d.shared == _LADDER.aggressive
+            continue
+        if d.level == OPEN:  # both sides on the whole GPU as MPS clients
+            assert d.shared == d.downstream == _LADDER.total
+        else:
+            assert d.shared + d.downstream == _LADDER.total
+        down_first = u_down is not None and (u_shared is None or u_down < u_shared)
+        if down_first:  # the downstream side is the more urgent one: it gets the most
+            assert d.level == (0 if reservation_pays else OPEN)
+        elif throttling_pays:
+            assert 0 <= d.level < len(_LADDER.levels) and d.shared <= _LADDER.s_cap
+        else:
+            assert d.level == OPEN
+
+
+def test_split_off_is_eq1_whatever_the_slack() -> None:
+    on = SpatialController(_LADDER, ControlParams())
+    off = SpatialController(_LADDER, ControlParams(slack_split=False))
+    for ctl in (on, off):
+        ctl.observe(0.93)  # B̂ at saturation: Eq. (1) says S_cap
+    assert on.select(True, False, 5.0, 1.0).shared == 32
+    assert off.select(True, False, 5.0, 1.0).shared == 80
+
+
+def test_policy_reads_the_shared_side_slack_only_when_splitting() -> None:
+    policy = make_policy("horizon", make_config())
+    policy.admit("text", 0.0, priority=0)
+    sig = policy.profiler.annotate("long", 0.0, priority=10)
+    late = policy.step(100.0, downstream_active=True, running=[sig], downstream_slack=3.0)
+    # The waiting text request is past its deadline (not protected): the running long-path
+    # request's slack (negative, far past its deadline) is the shared side's, below 3.
+    assert late.sm.level != 0
+    fcfs = make_policy("fcfs", make_config())
+    assert fcfs.slack_split is False
