@@ -14,8 +14,36 @@ import kopf
 
 from horizonserve.operator.settings import OperatorConfig
 
+USAGE = """usage: python -m horizonserve.operator [--help]
 
-def main() -> int:
+Run the HorizonServe operator (kopf, standalone): it watches OmniServices, GPU nodes and
+serving pods, keeps one serving pod on every matching GPU node, aggregates status, and (with a
+certificate) serves the validating webhook. Configuration comes from the environment:
+
+  HORIZONSERVE_NAMESPACE            only this namespace (empty: all namespaces)
+  HORIZONSERVE_SERVING_IMAGE        serving image when a spec has no `image`
+  HORIZONSERVE_LOG_LEVEL            DEBUG / INFO / WARNING / ERROR
+  HORIZONSERVE_STATUS_INTERVAL      seconds between status aggregations (10)
+  HORIZONSERVE_RESYNC_INTERVAL      seconds between reconciliation passes (2)
+  HORIZONSERVE_SUMMARY_STALE_AFTER  a node summary older than this does not count (180)
+  HORIZONSERVE_LIVENESS             liveness endpoint (http://0.0.0.0:8080/healthz)
+  HORIZONSERVE_WEBHOOK_CERT_DIR     directory with tls.crt and tls.key: serve the webhook
+  HORIZONSERVE_WEBHOOK_ADDR / _PORT where the webhook listens (0.0.0.0:9443)
+
+Credentials: the in-cluster service account, else $KUBECONFIG.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        if args[0] in ("-h", "--help"):
+            print(USAGE, end="")
+            return 0
+        print(
+            f"horizonserve operator: error: unknown argument {args[0]!r}\n{USAGE}", file=sys.stderr
+        )
+        return 2
     try:
         config = OperatorConfig.from_env()
     except ValueError as exc:

@@ -7,8 +7,8 @@ Why one owned pod per node and not a DaemonSet per OmniService:
   discovery label, and its blocking taints must be tolerated. A DaemonSet can only express
   labels/fields in node affinity, so it would place pods on GPU-less nodes that merely match
   the labels, where they would stay Pending forever.
-* Calibration is per node. Each pod calibrates on its own GPU (init container) and keeps the
-  artifact on that node; the sidecar publishes the node's summary on *its* pod. With owned
+* Calibration is per node. Each pod calibrates on its own GPU (init container); the sidecar
+  keeps the artifact in the node's ConfigMap and publishes the node's summary there. With owned
   pods the operator maps pod ↔ node ↔ summary directly and reports per-node state, replaces
   exactly the pods whose template changed, never restarts a node that is mid-calibration for
   an unrelated node's change, and can give a node a different template later (e.g. a ladder
@@ -22,6 +22,20 @@ The pods are bound with required node affinity on `metadata.name` (what the Daem
 controller itself does since 1.12) rather than `spec.nodeName`, so the scheduler still
 accounts the GPU and other resources, preemption works, and a pod whose node vanished is not
 stuck Terminating without a kubelet.
+
+Trust (what a compromised serving pod can reach):
+
+* No host path, no root: every container runs as the image's non-root user with no
+  capabilities and no privilege escalation; the volumes are emptyDirs, the node's ConfigMap
+  (read-only) and a projected token; the pod passes Pod Security Standards "restricted".
+* Calibration artifacts live in the Kubernetes API: one ConfigMap per node × model × GPU ×
+  driver (`node_state_name`; the GPU and driver come from GPU feature discovery labels when the
+  node has them). The init container starts from it (mounted read-only, copied into an
+  emptyDir), the sidecar uploads a new artifact into it and publishes the node summary there.
+* Only the sidecar holds an API token (a projected, expiring one); the serving and calibration
+  containers have none. The token belongs to a ServiceAccount of that pod alone, whose Role
+  allows `patch` on exactly one object: the node's ConfigMap. So a pod can write its own
+  summary and artifact, and nothing else: not a sibling's, not a pod.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from horizonserve.operator import models
@@ -41,6 +56,7 @@ from horizonserve.runtime.config import (
     POD_NAME_ENV,
     POD_NAMESPACE_ENV,
     SERVING_CONFIG_ENV,
+    SUMMARY_CONFIGMAP_ENV,
     CalibrationMode,
     ServingConfig,
 )
@@ -53,24 +69,42 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_OSVC = f"{models.GROUP}/omniservice"
 LABEL_NODE = f"{models.GROUP}/node"
 LABEL_SPEC_HASH = f"{models.GROUP}/spec-hash"
+LABEL_CALIBRATION_KEY = f"{models.GROUP}/calibration-key"
 ANNOTATION_NODE = f"{models.GROUP}/node-name"  # the full node name (labels cap at 63)
+ANNOTATION_CALIBRATION = f"{models.GROUP}/calibration-for"  # model, GPU, driver in words
 COMPONENT_SERVING = "serving"
+COMPONENT_NODE_STATE = "node-state"
 COMPONENT_RBAC = "node-rbac"
+COMPONENT_ENDPOINT = "endpoint"
 MANAGED_BY = "horizonserve-operator"
 
 SERVING_PORT = 8000
 METRICS_PORT = 9090
-SIDECAR_UID = 65532
-SERVING_UID = 65532  # the serving image's user (runtime/engine/vllm_omni/Dockerfile)
-# Every container drops all capabilities and cannot escalate. The serving container and the
-# sidecar run as the image's non-root user; only the calibration init container runs as root,
-# because it writes the node's artifact hostPath, which the kubelet creates root-owned.
+RUN_AS_UID = 65532  # the serving image's user (runtime/engine/vllm_omni/Dockerfile)
+SIDECAR_UID = SERVING_UID = RUN_AS_UID
+# Every container: non-root, no capabilities, no privilege escalation (PSS "restricted").
 CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
     "privileged": False,
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_UID,
 }
-ARTIFACT_MOUNT = "/var/lib/horizonserve"
+ARTIFACT_MOUNT = "/var/lib/horizonserve/calibration"  # emptyDir: the artifacts of this pod
+STORED_MOUNT = "/var/lib/horizonserve/stored"  # the node's ConfigMap, read-only
+TOKEN_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # where client libraries look
+TOKEN_EXPIRATION_S = 3600  # the kubelet refreshes the projected token before it expires
+# GPU feature discovery labels that key the calibration (GPU model and driver), if present.
+GFD_LABELS = (
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+    "nvidia.com/cuda.driver-version.full",
+)
+API_KEY_ENV = "HORIZONSERVE_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # what `vllm serve --api-key` reads from the environment
 MAX_NAME = 63  # pod names are also hostnames: keep them DNS labels
 TERMINATION_GRACE_S = 60
 
@@ -111,9 +145,27 @@ def pod_name(osvc: str, node: str) -> str:
     return bounded_name(osvc, node)
 
 
-def node_account_name(osvc: str) -> str:
-    """ServiceAccount, Role and RoleBinding of the sidecars: `<osvc>-node`."""
-    return bounded_name(osvc, "node", limit=253)
+def calibration_key(model: str, labels: Mapping[str, str]) -> str:
+    """8 hex digits naming model × GPU × driver (from GPU feature discovery labels, if any).
+
+    A node without the labels keys on the model alone; the artifact itself records GPU and
+    driver, and calibration (mode auto) measures again when they do not match.
+    """
+    parts = [model, *(f"{k}={labels[k]}" for k in GFD_LABELS if labels.get(k))]
+    return _digest("\n".join(parts))
+
+
+def calibration_for(model: str, labels: Mapping[str, str]) -> str:
+    gpu = labels.get("nvidia.com/gpu.product", "GPU from NVML at start")
+    driver = labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
+        labels[k] for k in GFD_LABELS[2:5] if labels.get(k)
+    )
+    return f"model {model}; GPU {gpu}; driver {driver or 'from NVML at start'}"
+
+
+def node_state_name(osvc: str, node: str, key: str) -> str:
+    """The node's ConfigMap and the sidecar's ServiceAccount, Role and RoleBinding."""
+    return bounded_name(osvc, node, key, limit=253)
 
 
 def selector_labels(osvc: str) -> dict[str, str]:
@@ -155,14 +207,18 @@ def spec_hash(spec: OmniServiceSpec, config: ServingConfig, image: str) -> str:
     The node selector and rollout settings choose *where* and *how fast*, not *what*: they
     are left out so that changing them does not restart healthy pods.
     """
-    shaped = spec.model_dump(mode="json", exclude={"node_selector", "rollout"})
+    shaped = spec.model_dump(
+        mode="json", exclude={"node_selector", "all_gpu_nodes", "rollout", "service"}
+    )
     payload = {"spec": shaped, "config": config.model_dump(mode="json"), "image": image}
     return _digest(json.dumps(payload, sort_keys=True, separators=(",", ":")), 10)
 
 
-def _env(spec: OmniServiceSpec, config: ServingConfig, node: str) -> list[dict[str, Any]]:
+def _env(
+    spec: OmniServiceSpec, config: ServingConfig, node: str, state: str
+) -> list[dict[str, Any]]:
     def field_ref(path: str) -> dict[str, Any]:
-        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
     return [
         {"name": SERVING_CONFIG_ENV, "value": config.model_dump_json()},
@@ -170,9 +226,19 @@ def _env(spec: OmniServiceSpec, config: ServingConfig, node: str) -> list[dict[s
         {"name": ARTIFACT_DIR_ENV, "value": ARTIFACT_MOUNT},
         {"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)},
         {"name": NODE_NAME_ENV, "value": node},
+        {"name": SUMMARY_CONFIGMAP_ENV, "value": state},
         {"name": POD_NAME_ENV, **field_ref("metadata.name")},
         {"name": POD_NAMESPACE_ENV, **field_ref("metadata.namespace")},
     ]
+
+
+def _api_key_env(spec: OmniServiceSpec) -> list[dict[str, Any]]:
+    ref = spec.api_key_secret
+    if ref is None:
+        return []
+    source = {"valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    names = [API_KEY_ENV] + ([VLLM_API_KEY_ENV] if spec.backend is Backend.VLLM_OMNI else [])
+    return [{"name": n, **source} for n in names]
 
 
 def _gpu_resources(spec: OmniServiceSpec) -> dict[str, Any]:
@@ -187,18 +253,52 @@ def serving_command(spec: OmniServiceSpec, config: ServingConfig) -> list[str]:
         # ServingConfig from the environment and wraps the stage schedulers.
         return [
             "vllm", "serve", config.model, "--omni",
-            "--host", "0.0.0.0", "--port", str(SERVING_PORT),
+            "--host", SERVING_HOST, "--port", str(SERVING_PORT),
         ]  # fmt: skip
-    return ["horizonserve", "serve", "--host", "0.0.0.0", "--port", str(SERVING_PORT)]
+    return ["horizonserve", "serve", "--host", SERVING_HOST, "--port", str(SERVING_PORT)]
+
+
+# The serving process binds every interface of the pod's network namespace, explicitly (its
+# own default is loopback only); the chart's NetworkPolicy limits who may connect.
+SERVING_HOST = "0.0.0.0"
+# Probe paths per backend: vLLM's server answers /health only; the reference server answers
+# /health (liveness: heartbeat-based) and /ready (200 while it serves).
+PROBES = {
+    Backend.VLLM_OMNI: {"live": "/health", "ready": "/health"},
+    Backend.REFERENCE: {"live": "/health", "ready": "/ready"},
+}
 
 
 def _http_probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
+        "successThreshold": 1,
     }
+
+
+def _token_volume() -> dict[str, Any]:
+    """What the kubelet would automount, as an explicit volume for the sidecar alone."""
+    return {
+        "name": "sidecar-token",
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "path": "token",
+                        "expirationSeconds": TOKEN_EXPIRATION_S,
+                    }
+                },
+                {"configMap": {"name": "kube-root-ca.crt", "items": [
+                    {"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+            ],
+        },
+    }  # fmt: skip
 
 
 def serving_pod(
@@ -209,83 +309,108 @@ def serving_pod(
     *,
     image: str,
     template_hash: str,
+    node_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The serving pod of one node: stage processes + sidecar, bound to `node`."""
+    """The serving pod of one node: stage processes + sidecar, bound to `node`.
+
+    `template_hash` labels the pod; pass `node_hash(...)` of the spec hash and the node's
+    calibration key, so that a node whose GPU or driver changed is rolled (and recalibrates).
+    """
     name = pod_name(owner.name, node)
+    key = calibration_key(config.model, node_labels or {})
+    state = node_state_name(owner.name, node, key)
     labels = {
         **selector_labels(owner.name),
         LABEL_NODE: label_value(node),
         LABEL_SPEC_HASH: template_hash,
+        LABEL_CALIBRATION_KEY: key,
     }
-    env = _env(spec, config, node)
-    mounts = [
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "artifacts", "mountPath": ARTIFACT_MOUNT},
-    ]
+    env = _env(spec, config, node, state)
+    shm = {"name": "dshm", "mountPath": "/dev/shm"}
+    artifacts = {"name": "artifacts", "mountPath": ARTIFACT_MOUNT}
+    stored = {"name": "stored", "mountPath": STORED_MOUNT, "readOnly": True}
+    token = {"name": "sidecar-token", "mountPath": TOKEN_MOUNT, "readOnly": True}
     pull = {"imagePullPolicy": spec.image_pull_policy} if spec.image_pull_policy else {}
+    probes = PROBES[spec.backend]
     serving = {
         "name": "serving",
         "image": image,
         **pull,
         "command": serving_command(spec, config),
-        "env": env,
+        "env": env + _api_key_env(spec),
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
         "resources": _gpu_resources(spec),
-        "volumeMounts": mounts,
+        "volumeMounts": [shm, {**artifacts, "readOnly": True}],
         # Model download + load can take many minutes; the startup probe holds the others off.
-        "startupProbe": _http_probe("/health", "http", period=10, failures=180),
-        "readinessProbe": _http_probe("/health", "http", period=10, failures=3),
-        "livenessProbe": _http_probe("/health", "http", period=30, failures=4),
-        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": SERVING_UID},
+        "startupProbe": _http_probe(probes["live"], "http", period=10, failures=180),
+        "readinessProbe": _http_probe(probes["ready"], "http", period=10, failures=3),
+        "livenessProbe": _http_probe(probes["live"], "http", period=30, failures=4),
+        "securityContext": dict(CONTAINER_SECURITY),
     }
     sidecar = {
         "name": "sidecar",
         "image": image,
         **pull,
-        "command": ["horizonserve", "sidecar"],
+        # The node agent uploads a new calibration artifact into the node's ConfigMap, then
+        # becomes `horizonserve sidecar` (metrics, summary into the same ConfigMap).
+        "command": [
+            "python",
+            "-m",
+            "horizonserve.operator.nodeagent",
+            "upload",
+            "--from",
+            ARTIFACT_MOUNT,
+            "--configmap",
+            state,
+            "--",
+            "horizonserve",
+            "sidecar",
+        ],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": spec.sidecar.resources.model_dump(),
-        "volumeMounts": mounts,
+        # The sidecar only reads the artifacts (the upload goes through the API).
+        "volumeMounts": [shm, {**artifacts, "readOnly": True}, token],
         "readinessProbe": _http_probe("/healthz", "metrics", period=10, failures=3),
         "livenessProbe": _http_probe("/healthz", "metrics", period=30, failures=4),
-        # The sidecar only reads the artifact and talks HTTP: no GPU, no root, no writes.
-        "securityContext": {
-            **CONTAINER_SECURITY,
-            "runAsNonRoot": True,
-            "runAsUser": SIDECAR_UID,
-            "readOnlyRootFilesystem": True,
-        },
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
     init: list[dict[str, Any]] = []
     if spec.calibration.mode is not CalibrationMode.SKIP:
         # Calibration needs the GPU alone (solo latencies, fixed-SM sweeps), so it runs before
-        # the stages start, in an init container holding the pod's one GPU; with mode `auto`
-        # it returns at once when the node already has an artifact for model + GPU + driver.
+        # the stages start, in an init container holding the pod's one GPU. It starts from the
+        # node's stored artifacts (copied out of the read-only ConfigMap); with mode `auto`
+        # it returns at once when one fits model + GPU + driver. No API token.
         init.append({
             "name": "calibrate",
             "image": image,
             **pull,
-            # --mode and --out-dir also come from the env; explicit here for `kubectl describe`.
             "command": [
+                "python", "-m", "horizonserve.operator.nodeagent", "restore",
+                "--from", STORED_MOUNT, "--to", ARTIFACT_MOUNT, "--",
                 "horizonserve", "calibrate", "--pipeline", config.pipeline,
                 "--mode", spec.calibration.mode.value, "--out-dir", ARTIFACT_MOUNT,
             ],
             "env": env,
             "resources": _gpu_resources(spec),
-            "volumeMounts": mounts,
-            "securityContext": {**CONTAINER_SECURITY, "runAsUser": 0},
+            "volumeMounts": [shm, artifacts, stored],
+            "securityContext": dict(CONTAINER_SECURITY),
         })  # fmt: skip
-    artifacts: dict[str, Any] = (
-        {"hostPath": {"path": spec.calibration.host_path, "type": "DirectoryOrCreate"}}
-        if spec.calibration.persistent
-        else {"emptyDir": {}}
-    )
     pod_spec: dict[str, Any] = {
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "serviceAccountName": node_account_name(owner.name),
-        "automountServiceAccountToken": True,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_UID,
+            "runAsGroup": RUN_AS_UID,
+            "fsGroup": RUN_AS_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "serviceAccountName": state,
+        # No token in the serving and calibration containers: the sidecar alone mounts one.
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "affinity": {
@@ -307,7 +432,12 @@ def serving_pod(
         "containers": [serving, sidecar],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
-            {"name": "artifacts", **artifacts},
+            {"name": "artifacts", "emptyDir": {"sizeLimit": "64Mi"}},
+            {
+                "name": "stored",
+                "configMap": {"name": state, "optional": True, "defaultMode": 0o444},
+            },
+            _token_volume(),
         ],
     }
     if spec.runtime_class_name:
@@ -326,6 +456,11 @@ def serving_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
+def node_hash(template_hash: str, key: str) -> str:
+    """The pod's spec-hash label: the OmniService's template and the node's calibration key."""
+    return _digest(f"{template_hash}/{key}", 10)
+
+
 def _lifecycle_tolerations() -> list[dict[str, Any]]:
     # Like DaemonSet pods: an edge node that loses its network for a while keeps serving
     # local clients; the pod is not evicted and rescheduled elsewhere (it cannot be).
@@ -335,60 +470,190 @@ def _lifecycle_tolerations() -> list[dict[str, Any]]:
     ]
 
 
-# --- RBAC of the sidecars: publish the node summary on their own pods ---------------------
+# --- per-node objects: the node's ConfigMap and the sidecar's own RBAC ----------------------
 
 
-def _rbac_labels(owner: Owner) -> dict[str, str]:
+def _node_labels(owner: Owner, node: str, key: str, component: str) -> dict[str, str]:
     return {
         LABEL_NAME: APP,
-        LABEL_COMPONENT: COMPONENT_RBAC,
+        LABEL_COMPONENT: component,
         LABEL_INSTANCE: label_value(owner.name),
         LABEL_OSVC: label_value(owner.name),
+        LABEL_NODE: label_value(node),
+        LABEL_CALIBRATION_KEY: key,
     }
 
 
-def node_service_account(owner: Owner) -> dict[str, Any]:
-    name = node_account_name(owner.name)
+def _node_metadata(owner: Owner, node: str, key: str, component: str) -> dict[str, Any]:
+    name = node_state_name(owner.name, node, key)
+    meta = _metadata(owner, name, _node_labels(owner, node, key, component))
+    meta["annotations"] = {ANNOTATION_NODE: node}
+    return meta
+
+
+def node_state(owner: Owner, node: str, key: str, described: str) -> dict[str, Any]:
+    """The node's ConfigMap: calibration artifacts and the summary, written by its sidecar.
+
+    Created empty by the operator (RBAC cannot limit `create` to one name, so the sidecar
+    never creates); owned by the OmniService, so it outlives pod replacements (rollouts keep
+    the calibration) and goes with the OmniService.
+    """
+    meta = _node_metadata(owner, node, key, COMPONENT_NODE_STATE)
+    meta["annotations"][ANNOTATION_CALIBRATION] = described
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {}}
+
+
+def node_service_account(owner: Owner, node: str, key: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _metadata(owner, name, _rbac_labels(owner)),
+        "metadata": _node_metadata(owner, node, key, COMPONENT_RBAC),
+        # Only the projected volume of the sidecar carries a token (see serving_pod).
+        "automountServiceAccountToken": False,
     }
 
 
-def node_role_rules(pod_names: list[str]) -> list[dict[str, Any]]:
-    """`get, patch` on exactly the OmniService's serving pods.
+def node_role_rules(state: str) -> list[dict[str, Any]]:
+    """`patch` on exactly the node's ConfigMap: summary and artifact, nothing else.
 
-    An empty `resourceNames` would mean *every* pod, so no pods means no rule at all.
+    (`create` cannot be limited by name, and reading the artifact at start goes through the
+    kubelet's ConfigMap volume, so `patch` is all the sidecar needs.)
     """
-    if not pod_names:
-        return []
     return [
         {
             "apiGroups": [""],
-            "resources": ["pods"],
-            "verbs": ["get", "patch"],
-            "resourceNames": sorted(pod_names),
+            "resources": ["configmaps"],
+            "verbs": ["patch"],
+            "resourceNames": [state],
         }
     ]
 
 
-def node_role(owner: Owner, pod_names: list[str]) -> dict[str, Any]:
-    name = node_account_name(owner.name)
+def node_role(owner: Owner, node: str, key: str) -> dict[str, Any]:
+    meta = _node_metadata(owner, node, key, COMPONENT_RBAC)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _metadata(owner, name, _rbac_labels(owner)),
-        "rules": node_role_rules(pod_names),
+        "metadata": meta,
+        "rules": node_role_rules(meta["name"]),
     }
 
 
-def node_role_binding(owner: Owner) -> dict[str, Any]:
-    name = node_account_name(owner.name)
+def node_role_binding(owner: Owner, node: str, key: str) -> dict[str, Any]:
+    meta = _node_metadata(owner, node, key, COMPONENT_RBAC)
+    name = meta["name"]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _metadata(owner, name, _rbac_labels(owner)),
+        "metadata": meta,
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
     }
+
+
+def node_objects(owner: Owner, node: str, key: str, described: str) -> list[dict[str, Any]]:
+    """In creation order: the identity first, the ConfigMap last (its presence in the index
+    means the rest was made)."""
+    return [
+        node_service_account(owner, node, key),
+        node_role(owner, node, key),
+        node_role_binding(owner, node, key),
+        node_state(owner, node, key, described),
+    ]
+
+
+# --- the endpoint --------------------------------------------------------------------------
+
+
+def service_name(osvc: str) -> str:
+    return bounded_name(osvc)
+
+
+def endpoint(owner: Owner) -> str:
+    return f"http://{service_name(owner.name)}.{owner.namespace}.svc:{SERVING_PORT}"
+
+
+def service(owner: Owner, spec: OmniServiceSpec) -> dict[str, Any]:
+    """A ClusterIP Service in front of the OmniService's Ready serving pods (the endpoints
+    controller lists only Ready pods). `internalTrafficPolicy: Local` keeps a client on a GPU
+    node on that node's pod."""
+    labels = {**selector_labels(owner.name), LABEL_COMPONENT: COMPONENT_ENDPOINT}
+    body: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(owner.name),
+        "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP"}],
+    }
+    if spec.service.internal_traffic_policy == "Local":
+        body["internalTrafficPolicy"] = "Local"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, service_name(owner.name), labels),
+        "spec": body,
+    }
+
+
+# --- drift: what a pod may not differ in from what the operator built ----------------------
+
+
+def _env_digestible(env: list[dict[str, Any]] | None) -> list[Any]:
+    out = []
+    for item in env or ():
+        ref = item.get("valueFrom") or {}
+        field = (ref.get("fieldRef") or {}).get("fieldPath")
+        secret = ref.get("secretKeyRef") or {}
+        out.append(
+            [item.get("name"), item.get("value"), field, secret.get("name"), secret.get("key")]
+        )
+    return out
+
+
+def _container_digestible(c: Mapping[str, Any]) -> list[Any]:
+    mounts = [
+        [m.get("name"), m.get("mountPath"), bool(m.get("readOnly"))]
+        for m in c.get("volumeMounts") or ()
+    ]
+    return [
+        c.get("name"),
+        c.get("image"),
+        c.get("command"),
+        c.get("args"),
+        _env_digestible(c.get("env")),
+        c.get("envFrom"),
+        c.get("securityContext"),
+        sorted(mounts),
+    ]
+
+
+def trust_digest(pod_spec: Mapping[str, Any]) -> str:
+    """A digest of the parts of a pod spec that decide what it runs and what it may reach.
+
+    Computed alike on the pod the operator builds and on the pod the API server returns (so
+    only fields that defaulting leaves alone, normalised): images, commands, env, security
+    contexts, mounts, volume kinds, identity and token, host namespaces, tolerations. Images,
+    tolerations and activeDeadlineSeconds are the parts of a pod spec that can change after
+    creation; the rest guards against a pod made under this name by someone else. The
+    operator trusts no label for this: a pod whose digest differs is replaced.
+    """
+    volumes = sorted(
+        [v.get("name"), sorted(k for k in v if k != "name"), (v.get("hostPath") or {}).get("path")]
+        for v in pod_spec.get("volumes") or ()
+    )
+    tolerations = sorted(
+        json.dumps({k: v for k, v in t.items() if v not in (None, "")}, sort_keys=True)
+        for t in pod_spec.get("tolerations") or ()
+    )
+    shape = {
+        "init": [_container_digestible(c) for c in pod_spec.get("initContainers") or ()],
+        "containers": [_container_digestible(c) for c in pod_spec.get("containers") or ()],
+        "ephemeral": bool(pod_spec.get("ephemeralContainers")),
+        "volumes": volumes,
+        "serviceAccountName": pod_spec.get("serviceAccountName"),
+        "automount": pod_spec.get("automountServiceAccountToken"),
+        "host": [bool(pod_spec.get(k)) for k in ("hostNetwork", "hostPID", "hostIPC")],
+        "securityContext": pod_spec.get("securityContext"),
+        "tolerations": tolerations,
+        "activeDeadlineSeconds": pod_spec.get("activeDeadlineSeconds"),
+        "runtimeClassName": pod_spec.get("runtimeClassName"),
+    }
+    return _digest(json.dumps(shape, sort_keys=True, separators=(",", ":")), 16)

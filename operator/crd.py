@@ -4,11 +4,18 @@
     python -m horizonserve.operator.crd --write    # write crds/horizonserve.io_omniservices.yaml
 
 The pydantic JSON Schema is turned into a Kubernetes *structural* schema: `$ref`s inlined,
-`Optional[X]` collapsed to `X` (not required), titles and `additionalProperties: false` dropped
-(the API server prunes unknown fields and kubectl rejects them from the published OpenAPI),
-JSON-Schema-2020 `exclusiveMinimum: n` rewritten to the OpenAPI 3.0 boolean form, `int | str`
-quantities marked `x-kubernetes-int-or-string`, and only scalar defaults kept (object defaults
-apply in the operator, where the models fill them). No CEL rules: Kubernetes 1.20 lacks them.
+`Optional[X]` collapsed to `X` (not required), titles dropped, JSON-Schema-2020
+`exclusiveMinimum: n` rewritten to the OpenAPI 3.0 boolean form, `int | str` quantities marked
+`x-kubernetes-int-or-string` (with both branches' bounds), constrained map keys
+(`patternProperties`, `propertyNames`, which structural schemas lack) reduced to the value
+schema, and only scalar defaults kept (object defaults apply in the operator, where the models
+fill them). No CEL rules: Kubernetes 1.20 lacks them.
+
+Unknown fields are refused, not pruned: every object of the spec carries
+`x-kubernetes-preserve-unknown-fields: true`, so the API server keeps a mistyped field (say
+`node_selector`) for the operator's validating webhook (`webhook.py`), which refuses it at
+apply with its path. Pruning would silently drop it, and an empty selector used to mean every
+GPU node. The schema still checks every known field's type and bounds.
 """
 
 from __future__ import annotations
@@ -47,13 +54,20 @@ def _deref(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def structural(
-    node: dict[str, Any], defs: dict[str, Any], path: str = "", *, defaults: bool = True
+    node: dict[str, Any],
+    defs: dict[str, Any],
+    path: str = "",
+    *,
+    defaults: bool = True,
+    preserve: bool = False,
 ) -> dict[str, Any]:
     """One pydantic JSON Schema node → a structural OpenAPI v3 schema node.
 
     With `defaults`, scalar defaults are kept so that the API server fills them in (the spec);
-    without, all defaults are dropped (the status, written only by the operator).
+    without, all defaults are dropped (the status, written only by the operator). With
+    `preserve`, objects with fixed properties keep unknown fields for the webhook to refuse.
     """
+    sub = {"defaults": defaults, "preserve": preserve}
     node = _deref(node, defs)
     if "anyOf" in node:
         node = _collapse_any_of(node, defs, path)
@@ -62,18 +76,19 @@ def structural(
         node = {**_deref(only, defs), **node}
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in ("title", "$defs", "discriminator"):
-            continue
+        if key in ("title", "$defs", "discriminator", "propertyNames"):
+            continue  # propertyNames: key bounds are the webhook's (models.py states them)
         if key == "additionalProperties":
             if isinstance(value, dict):
-                out[key] = structural(value, defs, f"{path}.*", defaults=defaults)
-            continue  # `false`: pruning does the job; `true` would not be structural
-        if key == "properties":
-            out[key] = {
-                k: structural(v, defs, f"{path}.{k}", defaults=defaults) for k, v in value.items()
-            }
+                out[key] = structural(value, defs, f"{path}.*", **sub)
+            continue  # `false`: refused by the webhook; `true` would not be structural
+        if key == "patternProperties":
+            ((_pattern, value),) = value.items()
+            out["additionalProperties"] = structural(value, defs, f"{path}.*", **sub)
+        elif key == "properties":
+            out[key] = {k: structural(v, defs, f"{path}.{k}", **sub) for k, v in value.items()}
         elif key == "items":
-            out[key] = structural(value, defs, f"{path}[]", defaults=defaults)
+            out[key] = structural(value, defs, f"{path}[]", **sub)
         elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             out[bound] = value
@@ -92,6 +107,8 @@ def structural(
             raise SchemaError(f"{path}: enum of mixed types {out['enum']}")
     if "properties" in out or "additionalProperties" in out:
         out.setdefault("type", "object")
+    if preserve and "properties" in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
     if "type" not in out and not out.get("x-kubernetes-int-or-string"):
         raise SchemaError(f"{path}: no type in {node}")
     return out
@@ -110,17 +127,24 @@ def _collapse_any_of(node: dict[str, Any], defs: dict[str, Any], path: str) -> d
     if types == ["integer", "string"]:  # a Kubernetes quantity
         if rest.get("default", 0) is None:
             rest.pop("default")
-        return {**rest, "x-kubernetes-int-or-string": True}
+        # The branches' bounds merge into the node (types must stay out of it to be
+        # structural): string validations apply to strings only, numeric ones to numbers.
+        bounds = {k: v for o in non_null for k, v in o.items() if k != "type"}
+        return {**rest, **bounds, "x-kubernetes-int-or-string": True}
     raise SchemaError(f"{path}: unsupported anyOf {options}")
 
 
-def _object_schema(model: type[models.BaseModel], *, defaults: bool) -> dict[str, Any]:
+def _object_schema(
+    model: type[models.BaseModel], *, defaults: bool, preserve: bool = False
+) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return structural(raw, raw.get("$defs", {}), path=model.__name__, defaults=defaults)
+    return structural(
+        raw, raw.get("$defs", {}), path=model.__name__, defaults=defaults, preserve=preserve
+    )
 
 
 def open_api_schema() -> dict[str, Any]:
-    spec = _object_schema(models.OmniServiceSpec, defaults=True)
+    spec = _object_schema(models.OmniServiceSpec, defaults=True, preserve=True)
     status = _object_schema(models.OmniServiceStatus, defaults=False)
     # Conditions are keyed by type (as metav1.Condition lists are everywhere).
     conditions = status["properties"]["conditions"]
@@ -151,6 +175,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment",
      "description": "Share of first responses within their class SLO (0..1)."},
     {"name": "Ready", "type": "string", "jsonPath": _ready("status")},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint",
+     "description": "URL of the Service in front of the Ready serving pods."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Pipeline", "type": "string", "jsonPath": ".spec.pipeline", "priority": 1},
     {"name": "Policy", "type": "string", "jsonPath": ".spec.policy", "priority": 1},

@@ -3,6 +3,11 @@
 * `gpu_nodes` (index, Node): compact GpuNode per GPU node. No handler, annotation or finalizer
   ever touches a Node; the indexer only reads.
 * `serving_pods` (index, Pod): PodState of every serving pod, keyed by its owning OmniService.
+* `node_states` (index, ConfigMap): each node's ConfigMap (calibration key, summary), by owner.
+* `omniservice_claims` (index, OmniService): every OmniService with its age, for the one-GPU-
+  one-owner rule (`claims.py`).
+* `validate` (validating admission webhook, when HORIZONSERVE_WEBHOOK_CERT_DIR is set): the
+  whole spec (unknown fields, cross-field rules, size) refused at `kubectl apply`.
 * `reconcile_pods` (daemon, OmniService): one loop per OmniService that keeps one serving pod
   on each matching node, woken by the indexers and by spec updates.
 * `aggregate_status` (timer, OmniService): status and conditions from the per-node summaries.
@@ -20,22 +25,37 @@ from typing import Any
 
 import kopf
 
-from horizonserve.operator import controller, kube, models
+from horizonserve.operator import cleanup as finalizer_cleanup
+from horizonserve.operator import controller, kube, models, webhook
 from horizonserve.operator import settings as op_settings
 from horizonserve.operator.builders import (
     APP,
+    COMPONENT_NODE_STATE,
     COMPONENT_SERVING,
     LABEL_COMPONENT,
     LABEL_NAME,
     Owner,
 )
+from horizonserve.operator.claims import Claim
 from horizonserve.operator.nodes import gpu_node, is_gpu_node
+from horizonserve.operator.nodestate import node_state
 from horizonserve.operator.pods import owner_key, pod_state
 
 CONFIG = op_settings.OperatorConfig.from_env()
 OSVC = (models.GROUP, models.VERSION, models.PLURAL)
 NODES_INDEX = "gpu_nodes"
 PODS_INDEX = "serving_pods"
+STATES_INDEX = "node_states"
+CLAIMS_INDEX = "omniservice_claims"
+
+
+def _post_event(owner: Owner, reason: str, message: str) -> None:
+    ref = {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
+    }
+    kopf.warn(ref, reason=reason, message=message[:1000])
 
 
 @kopf.on.startup()
@@ -43,7 +63,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     op_settings.configure(settings, CONFIG)
     logging.getLogger("horizonserve").setLevel(CONFIG.log_level)
     if getattr(memo, "hs", None) is None:  # tests may inject their own state
-        memo.hs = controller.OperatorState(CONFIG, kube.from_environment())
+        memo.hs = controller.OperatorState(CONFIG, kube.from_environment(), events=_post_event)
+    if CONFIG.namespace:
+        await finalizer_cleanup.remove_foreign_finalizers(memo.hs.kube, CONFIG.namespace)
 
 
 @kopf.on.login()
@@ -94,11 +116,40 @@ def _owned(meta: Any, **_: Any) -> bool:
     labels={LABEL_NAME: APP, LABEL_COMPONENT: COMPONENT_SERVING},
     when=_owned,
 )
-async def serving_pods(meta: Any, status: Any, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+async def serving_pods(
+    meta: Any, spec: Any, status: Any, memo: kopf.Memo, **_: Any
+) -> dict[Any, Any]:
     key = owner_key(meta)
-    pod = pod_state(meta, status)
+    pod = pod_state(meta, status, spec)
     memo.hs.pod_event(key, pod)
     return {key: pod}
+
+
+@kopf.index(
+    "configmaps",
+    id=STATES_INDEX,
+    labels={LABEL_NAME: APP, LABEL_COMPONENT: COMPONENT_NODE_STATE},
+    when=_owned,
+)
+async def node_states(meta: Any, body: Any, **_: Any) -> dict[Any, Any]:
+    return {owner_key(meta): node_state(meta, body.get("data"))}
+
+
+@kopf.index(*OSVC, id=CLAIMS_INDEX)
+async def omniservice_claims(meta: Any, spec: Any, **_: Any) -> dict[Any, Any]:
+    if meta.get("deletionTimestamp"):
+        return {}  # an OmniService being deleted claims nothing
+    claim = Claim(
+        meta.get("namespace", ""), meta["name"], meta.get("uid", ""),
+        str(meta.get("creationTimestamp", "")),
+    )  # fmt: skip
+    return {None: (claim, dict(spec or {}))}
+
+
+def _indices(kwargs: dict[str, Any]) -> controller.Indices:
+    return controller.Indices(
+        kwargs[NODES_INDEX], kwargs[PODS_INDEX], kwargs[STATES_INDEX], kwargs[CLAIMS_INDEX]
+    )
 
 
 @kopf.daemon(*OSVC, id="reconcile_pods", cancellation_timeout=1.0)
@@ -107,9 +158,9 @@ async def reconcile_pods(
 ) -> None:
     state: controller.OperatorState = memo.hs
     owner = Owner.from_body(body)
-    nodes, pods = kwargs[NODES_INDEX], kwargs[PODS_INDEX]  # live: kopf updates them in place
+    ix = _indices(kwargs)  # live: kopf updates the indices in place
     try:
-        await controller.run_reconciler(state, owner, body, lambda: (nodes, pods), stopped)
+        await controller.run_reconciler(state, owner, body, lambda: ix, stopped)
     finally:
         if stopped:
             state.forget(owner.namespace, owner.name, owner.uid)
@@ -144,14 +195,14 @@ def _patch_status(
     kwargs: dict[str, Any],
 ) -> None:
     owner = Owner.from_body(body)
-    diff = controller.status_patch(
-        state,
-        owner,
-        body.get("spec") or {},
-        body["metadata"].get("generation"),
-        dict(status or {}),
-        kwargs[NODES_INDEX],
-        kwargs[PODS_INDEX],
-    )
+    diff = controller.status_patch(state, owner, body, dict(status or {}), _indices(kwargs))
     if diff:
         patch.setdefault("status", {}).update(diff)
+
+
+if CONFIG.webhook_cert_dir:
+    # Registered only with a certificate: kopf refuses to start admission handlers without a
+    # server. The chart always gives one (and the ValidatingWebhookConfiguration).
+    @kopf.on.validate(*OSVC, id=webhook.WEBHOOK_ID, operations=["CREATE", "UPDATE"])
+    def validate(body: kopf.Body, old: Any, subresource: Any, **_: Any) -> None:
+        webhook.admit(body, old, subresource, CONFIG.serving_image)

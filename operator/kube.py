@@ -1,7 +1,8 @@
 """A small async Kubernetes REST client for the children the operator writes.
 
 kopf watches and patches the OmniService itself; this client only creates, patches and
-deletes the namespaced children (pods, ServiceAccount, Role, RoleBinding). It shares kopf's
+deletes the namespaced children (pods, the per-node ConfigMap, ServiceAccount, Role and
+RoleBinding, the Service). It shares kopf's
 event loop (aiohttp, no thread pool), counts its requests (the scale benchmark reports them)
 and takes its credentials from the `kubernetes` package's config loaders, so in-cluster
 service-account tokens and kubeconfig files work the same way they do for kopf's own login.
@@ -26,6 +27,8 @@ MERGE_PATCH = "application/merge-patch+json"
 _PATHS = {
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("rbac.authorization.k8s.io/v1", "Role"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"
     ),

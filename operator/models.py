@@ -21,6 +21,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from horizonserve.operator.quantity import parse_quantity
 from horizonserve.runtime.config import (
     PIPELINES,
     CalibrationMode,
@@ -40,11 +41,53 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SHM_SIZE = "8Gi"
-DEFAULT_ARTIFACT_HOST_PATH = "/var/lib/horizonserve"
+
+# --- bounds the CRD schema states, so `kubectl apply` refuses what exceeds them ---------------
+# Every string has a maxLength, every number a maximum, every list maxItems and every map
+# maxProperties: together they cap the size of a spec (and of kopf's last-handled annotation,
+# which holds a copy of it) well below the API server's 256 KiB annotation limit.
+MAX_NAME_LENGTH = 253  # a DNS subdomain (object names)
+MAX_LABEL_KEY = 317  # prefix (253) + "/" + name (63)
+MAX_LABEL_VALUE = 63
+MAX_SELECTOR_LABELS = 32
+MAX_TOLERATIONS = 32
+MAX_RESOURCES = 16
+MAX_CLASS_OVERRIDES = 32
+MAX_MULTIPLIER = 1000.0
+MAX_IMAGE_LENGTH = 512
+MAX_MODEL_LENGTH = 512
+MAX_INT_QUANTITY = 2**53  # integers a JSON reader holds exactly
+MAX_TOLERATION_SECONDS = 31_536_000  # one year
 
 # A Kubernetes resource quantity ("500m", "8Gi", "1e3"); integers are accepted as they are.
-QUANTITY_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$"
-Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+QUANTITY_PATTERN = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$"
+# A strictly positive quantity (a size of zero makes no sense for /dev/shm).
+POSITIVE_QUANTITY_PATTERN = (
+    r"^[+]?(0*[1-9]\d*(\.\d*)?|0*\.\d*[1-9]\d*)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$"
+)
+Quantity = (
+    Annotated[int, Field(ge=0, le=MAX_INT_QUANTITY)]
+    | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+)
+# An image reference: [registry[:port]/]path[:tag][@sha256:digest], path in lower case.
+IMAGE_PATTERN = (
+    r"^(([a-zA-Z0-9-]+\.)+[a-zA-Z0-9-]+(:[0-9]{1,5})?/|localhost(:[0-9]{1,5})?/"
+    r"|[a-z0-9-]+:[0-9]{1,5}/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+CLASS_NAME_PATTERN = r"^[a-z0-9][a-z0-9_\-]*$"
+
+LabelKey = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_PATTERN)]
+ObjectName = Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
+ResourceName = Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=LABEL_KEY_PATTERN)]
 
 PipelineName = StrEnum("PipelineName", {name.upper(): name for name in PIPELINES})
 PipelineName.__doc__ = "A pipeline shipped with the runtime (runtime/data/pipelines)."
@@ -72,14 +115,19 @@ class _Spec(BaseModel):
 class Toleration(_Spec):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
-    key: str | None = Field(None, description="Taint key; empty with Exists matches all taints.")
+    key: LabelKey | None = Field(
+        None, description="Taint key; empty with Exists matches all taints."
+    )
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        None, description="How long a NoExecute taint is tolerated (s); empty: forever."
+        None,
+        ge=0,
+        le=MAX_TOLERATION_SECONDS,
+        description="How long a NoExecute taint is tolerated (s); empty: forever.",
     )
 
     @model_validator(mode="after")
@@ -111,8 +159,8 @@ def _default_tolerations() -> list[Toleration]:
 class ResourceRequirements(_Spec):
     """Container resources (core/v1 ResourceRequirements)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCES)
+    limits: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCES)
 
     @field_validator("requests", "limits")
     @classmethod
@@ -125,6 +173,17 @@ class ResourceRequirements(_Spec):
             )
         return value
 
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Self:
+        for name, limit in self.limits.items():
+            request = self.requests.get(name)
+            if request is not None and parse_quantity(request) > parse_quantity(limit):
+                raise ValueError(
+                    f"requests.{name}: {request} exceeds limits.{name} {limit}; "
+                    "lower the request or raise the limit"
+                )
+        return self
+
 
 def _default_sidecar_resources() -> ResourceRequirements:
     return ResourceRequirements(
@@ -135,9 +194,13 @@ def _default_sidecar_resources() -> ResourceRequirements:
 class SloSpec(_Spec):
     """SLO targets: Δc = solo p95 (from the pipeline or calibration) × multiplier."""
 
-    multiplier: float = Field(5.0, gt=0, description="Global SLO multiplier m.")
-    class_overrides: dict[str, Annotated[float, Field(gt=0)]] = Field(
+    multiplier: float = Field(5.0, gt=0, le=MAX_MULTIPLIER, description="Global SLO multiplier m.")
+    class_overrides: dict[
+        Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=CLASS_NAME_PATTERN)],
+        Annotated[float, Field(gt=0, le=MAX_MULTIPLIER)],
+    ] = Field(
         default_factory=dict,
+        max_length=MAX_CLASS_OVERRIDES,
         description="Per-class multiplier, keyed by the pipeline's class names.",
     )
 
@@ -145,7 +208,7 @@ class SloSpec(_Spec):
 class ControlSpec(ControlParams):
     """Online control parameters (the runtime's ControlParams, camelCase on the wire)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     def to_runtime(self) -> ControlParams:
         return ControlParams(**self.model_dump())
@@ -154,26 +217,39 @@ class ControlSpec(ControlParams):
 class LadderSpec(SmLadder):
     """Shared-stage SM ladder; leave out to let calibration fill it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     def to_runtime(self) -> SmLadder:
         return SmLadder(**self.model_dump())
 
 
 class CalibrationSpec(_Spec):
-    """Per-node calibration: the init container measures, the sidecar collects and publishes."""
+    """Per-node calibration: the init container measures, the sidecar keeps the artifact in
+    the node's ConfigMap (Kubernetes API, no host path), the next pod starts from it."""
 
     mode: CalibrationMode = Field(
         CalibrationMode.AUTO,
         description="auto: when the node has no artifact; skip: never; force: on every start.",
     )
-    host_path: str = Field(
-        DEFAULT_ARTIFACT_HOST_PATH,
-        pattern=r"^/.+$",
-        description="Node directory that keeps the calibration artifacts across pod restarts.",
+
+
+class SecretKeyRef(_Spec):
+    """A key of a Secret in the OmniService's namespace."""
+
+    name: ObjectName = Field(description="Secret name.")
+    key: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=SECRET_KEY_PATTERN)] = Field(
+        "api-key", description="Key in the Secret's data."
     )
-    persistent: bool = Field(
-        True, description="false: keep artifacts in the pod only (lost when it is replaced)."
+
+
+class ServiceSpec(_Spec):
+    """The Service in front of the serving pods (`status.endpoint`)."""
+
+    enabled: bool = Field(True, description="Create a Service selecting the Ready serving pods.")
+    internal_traffic_policy: Literal["Cluster", "Local"] = Field(
+        "Cluster",
+        description="Local: clients reach the serving pod on their own node only (edge "
+        "clients on the GPU node; Kubernetes >= 1.22).",
     )
 
 
@@ -189,6 +265,7 @@ class RolloutSpec(_Spec):
     max_unavailable: int = Field(
         1,
         ge=1,
+        le=10_000,
         description="Ready pods replaced at once; pods that are not ready are replaced freely.",
     )
 
@@ -198,32 +275,53 @@ class OmniServiceSpec(_Spec):
 
     pipeline: PipelineName = Field(description="Omni pipeline: qwen2_5_omni, mimo_audio or bagel.")
     model: str | None = Field(
-        None, min_length=1, description="Model id or path; default: the pipeline's model."
+        None,
+        min_length=1,
+        max_length=MAX_MODEL_LENGTH,
+        pattern=r"^[A-Za-z0-9_./:@+-]+$",
+        description="Model id or path; default: the pipeline's model.",
     )
     backend: Backend = Field(Backend.VLLM_OMNI, description="vllm-omni or reference.")
     image: str | None = Field(
-        None, min_length=1, description="Serving image; default: the operator's configured one."
+        None,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=IMAGE_PATTERN,
+        description="Serving image; default: the operator's configured one.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
-        description="Node labels to match, on top of the node having an NVIDIA GPU.",
+        max_length=MAX_SELECTOR_LABELS,
+        description="Node labels to match, on top of the node having an NVIDIA GPU. Required "
+        "(non-empty) unless allGpuNodes is true.",
+    )
+    all_gpu_nodes: bool = Field(
+        False,
+        description="true: serve on every GPU node of the cluster (an empty nodeSelector is "
+        "refused otherwise, so that a mistyped selector never means every node).",
     )
     tolerations: list[Toleration] = Field(
         default_factory=_default_tolerations,
+        max_length=MAX_TOLERATIONS,
         description="Tolerations of the serving pods; default: the nvidia.com/gpu taint.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="Serving container resources; one nvidia.com/gpu is always requested.",
     )
-    runtime_class_name: str | None = Field(
-        None, min_length=1, description="RuntimeClass of the serving pods (e.g. nvidia)."
+    runtime_class_name: ObjectName | None = Field(
+        None, description="RuntimeClass of the serving pods (e.g. nvidia; k3s: nvidia)."
     )
-    priority_class_name: str | None = Field(None, min_length=1)
-    shm_size: Annotated[str, Field(pattern=QUANTITY_PATTERN)] = Field(
-        DEFAULT_SHM_SIZE, description="Size of the memory-backed /dev/shm."
+    priority_class_name: ObjectName | None = None
+    shm_size: Annotated[str, Field(pattern=POSITIVE_QUANTITY_PATTERN, max_length=64)] = Field(
+        DEFAULT_SHM_SIZE, description="Size of the memory-backed /dev/shm (more than zero)."
     )
+    api_key_secret: SecretKeyRef | None = Field(
+        None,
+        description="Secret holding the API key clients must send; passed to the serving "
+        "container as HORIZONSERVE_API_KEY.",
+    )
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
     policy: PolicyName = Field(PolicyName.HORIZON, description="Scheduling policy.")
     control: ControlSpec = Field(default_factory=ControlSpec)
@@ -232,11 +330,26 @@ class OmniServiceSpec(_Spec):
     sidecar: SidecarSpec = Field(default_factory=SidecarSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
+    @model_validator(mode="after")
+    def _explicit_nodes(self) -> Self:
+        if not self.node_selector and not self.all_gpu_nodes:
+            raise ValueError(
+                "nodeSelector: empty; name the node labels to serve on, or set "
+                "allGpuNodes: true to serve on every GPU node"
+            )
+        return self
+
 
 # --- status --------------------------------------------------------------------------------
 
-ConditionType = Literal["Ready", "Calibrated", "NodesReady", "MetricsAvailable"]
-CONDITION_TYPES: tuple[str, ...] = ("Ready", "Calibrated", "NodesReady", "MetricsAvailable")
+ConditionType = Literal["Ready", "Calibrated", "NodesReady", "MetricsAvailable", "Conflict"]
+CONDITION_TYPES: tuple[str, ...] = (
+    "Ready",
+    "Calibrated",
+    "NodesReady",
+    "MetricsAvailable",
+    "Conflict",
+)
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
@@ -303,6 +416,7 @@ class OmniServiceStatus(_Spec):
     by_modality: ModalityAttainment = Field(default_factory=ModalityAttainment)
     node_summaries: list[NodeStatus] = Field(default_factory=list)
     spec_hash: str | None = Field(None, description="Hash of the pod template in force.")
+    endpoint: str | None = Field(None, description="URL of the OmniService's Service.")
 
 
 class OmniService(_Spec):
@@ -324,6 +438,7 @@ def _snake_fields() -> dict[str, str]:
         CalibrationSpec,
         RolloutSpec,
         Toleration,
+        ServiceSpec,
     )
     return {n: to_camel(n) for m in models for n in m.model_fields if "_" in n}
 

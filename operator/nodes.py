@@ -8,7 +8,8 @@ without any API server.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import datetime
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from horizonserve.operator.models import GPU_RESOURCE, OmniServiceSpec
@@ -20,6 +21,9 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 # them, so they never decide whether a node is wanted.
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# When a taint appeared (Unix time), for tolerationSeconds: its `timeAdded`, else when the
+# operator first saw it (the caller remembers that).
+TaintClock = Callable[[str, Mapping[str, str]], float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +63,7 @@ def gpu_node(
     name: str, labels: Mapping[str, str], spec: Mapping[str, Any], status: Mapping[str, Any]
 ) -> GpuNode:
     taints = tuple(
-        {k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
+        {k: str(t[k]) for k in ("key", "value", "effect", "timeAdded") if t.get(k) is not None}
         for t in spec.get("taints") or ()
         if t.get("effect") in _BLOCKING_EFFECTS
         and not str(t.get("key", "")).startswith(CONDITION_TAINT_PREFIX)
@@ -73,11 +77,51 @@ def gpu_node(
     )
 
 
-def matches(spec: OmniServiceSpec, node: GpuNode) -> bool:
-    """The node carries the selector's labels and every blocking taint is tolerated."""
-    if any(node.labels.get(k) != v for k, v in spec.node_selector.items()):
-        return False
-    return all(any(t.tolerates(taint) for t in spec.tolerations) for taint in node.taints)
+def labels_match(spec: OmniServiceSpec, node: GpuNode) -> bool:
+    return all(node.labels.get(k) == v for k, v in spec.node_selector.items())
+
+
+def time_added(taint: Mapping[str, str]) -> float | None:
+    raw = taint.get("timeAdded")
+    if not raw:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def placement(
+    spec: OmniServiceSpec, node: GpuNode, now: float, since: TaintClock | None = None
+) -> tuple[bool, bool]:
+    """(keep, create) for one labelled node, by Kubernetes taint semantics.
+
+    * NoSchedule not tolerated: no new pod, a running one stays (as the scheduler does).
+    * NoExecute not tolerated: the pod goes. Tolerated with tolerationSeconds: it stays that
+      long after the taint appeared (the shortest matching toleration counts), then goes.
+    * A cordoned node (unschedulable) keeps its pod and gets no new one.
+    """
+    create = not node.unschedulable
+    for taint in node.taints:
+        matching = [t for t in spec.tolerations if t.tolerates(taint)]
+        if taint.get("effect") == "NoSchedule":
+            create = create and bool(matching)
+            continue
+        if not matching:
+            return False, False
+        seconds = [t.toleration_seconds for t in matching]
+        if all(s is not None for s in seconds):  # every match is time-limited
+            start = time_added(taint)
+            if start is None:
+                start = since(node.name, taint) if since else now
+            if now >= start + min(s for s in seconds if s is not None):
+                return False, False
+    return True, create
+
+
+def matches(spec: OmniServiceSpec, node: GpuNode, now: float = 0.0) -> bool:
+    """The node may hold a pod of this OmniService (labels and taints)."""
+    return labels_match(spec, node) and placement(spec, node, now)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +135,20 @@ class Selection:
     keep: frozenset[str]
 
 
-def select(spec: OmniServiceSpec, nodes: Iterable[GpuNode]) -> Selection:
-    wanted = [n for n in nodes if matches(spec, n)]
-    keep = {n.name for n in wanted}
-    create = {n.name for n in wanted if not n.unschedulable}
+def select(
+    spec: OmniServiceSpec,
+    nodes: Iterable[GpuNode],
+    now: float = 0.0,
+    since: TaintClock | None = None,
+) -> Selection:
+    keep: set[str] = set()
+    create: set[str] = set()
+    for node in nodes:
+        if not labels_match(spec, node):
+            continue
+        stays, new = placement(spec, node, now, since)
+        if stays:
+            keep.add(node.name)
+        if stays and new:
+            create.add(node.name)
     return Selection(create=frozenset(create), keep=frozenset(keep))

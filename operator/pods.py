@@ -7,8 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from horizonserve.operator import models
-from horizonserve.operator.builders import ANNOTATION_NODE, LABEL_NODE, LABEL_SPEC_HASH
-from horizonserve.runtime.config import SUMMARY_ANNOTATION
+from horizonserve.operator.builders import (
+    ANNOTATION_NODE,
+    LABEL_CALIBRATION_KEY,
+    LABEL_NODE,
+    LABEL_SPEC_HASH,
+    trust_digest,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +29,8 @@ class PodState:
     ready: bool = False
     deleting: bool = False
     calibrating: bool = False
-    summary: str | None = None  # the sidecar's raw NodeSummary JSON
+    trust: str = ""  # builders.trust_digest of the live pod spec ("" when unknown)
+    calibration_key: str | None = None
 
 
 def owner_key(meta: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -47,7 +53,9 @@ def _waiting_reason(statuses: list[Mapping[str, Any]] | None) -> str | None:
     return None
 
 
-def pod_state(meta: Mapping[str, Any], status: Mapping[str, Any]) -> PodState:
+def pod_state(
+    meta: Mapping[str, Any], status: Mapping[str, Any], spec: Mapping[str, Any] | None = None
+) -> PodState:
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
@@ -76,5 +84,6 @@ def pod_state(meta: Mapping[str, Any], status: Mapping[str, Any]) -> PodState:
         ready=conditions.get("Ready") == "True" and not deleting,
         deleting=deleting,
         calibrating=calibrating,
-        summary=annotations.get(SUMMARY_ANNOTATION),
+        trust=trust_digest(spec) if spec is not None else "",
+        calibration_key=labels.get(LABEL_CALIBRATION_KEY),
     )

@@ -31,6 +31,7 @@ class Plan:
     create: tuple[str, ...] = ()  # node names that get a new pod
     delete: tuple[PodState, ...] = ()  # pods to delete (wrong node, stray name, outdated)
     unavailable: int = 0  # wanted nodes without a ready pod, after this plan
+    drifted: tuple[str, ...] = ()  # pods deleted because their spec is not what was built
 
     @property
     def empty(self) -> bool:
@@ -41,8 +42,9 @@ def plan(
     osvc: str,
     selection: Selection,
     pods: Iterable[PodState],
-    template_hash: str,
+    template_hash: str | Mapping[str, str],
     max_unavailable: int = 1,
+    trust: Callable[[str], str] | None = None,
 ) -> Plan:
     """What to create and delete so every wanted node runs one current pod.
 
@@ -53,8 +55,20 @@ def plan(
     * Outdated ready pods are replaced while fewer than `max_unavailable` wanted nodes lack a
       ready pod; the rest wait for the next round.
     * A pod being deleted blocks its node until it is gone (the successor reuses the name).
+    * An up-to-date pod whose spec differs from what the operator builds for its node
+      (`trust(node)`, a `builders.trust_digest`; say an image changed in place) is replaced at
+      once, ready or not: the label says current, the spec says otherwise.
+
+    `template_hash` is one hash for every node or the expected hash per node.
     """
+
+    def expected(node: str) -> str:
+        if isinstance(template_hash, str):
+            return template_hash
+        return template_hash.get(node, "")
+
     by_node: dict[str, PodState] = {}
+    drifted: list[str] = []
     delete: list[PodState] = []
     for pod in sorted(pods, key=lambda p: p.name):
         stray = pod.node not in selection.keep or pod.name != pod_name(osvc, pod.node)
@@ -76,7 +90,16 @@ def plan(
             continue
         if pod.deleting:
             unavailable += 1
-        elif pod.spec_hash != template_hash and node in selection.create:
+        elif (
+            trust is not None
+            and pod.trust
+            and pod.spec_hash == expected(node)
+            and pod.trust != trust(node)
+        ):
+            delete.append(pod)
+            drifted.append(pod.name)
+            unavailable += 1
+        elif pod.spec_hash != expected(node) and node in selection.create:
             if pod.ready:
                 outdated_ready.append(pod)
             else:
@@ -87,7 +110,9 @@ def plan(
     budget = max(0, max_unavailable - unavailable)
     delete.extend(outdated_ready[:budget])
     unavailable += min(budget, len(outdated_ready))
-    return Plan(create=tuple(create), delete=tuple(delete), unavailable=unavailable)
+    return Plan(
+        create=tuple(create), delete=tuple(delete), unavailable=unavailable, drifted=tuple(drifted)
+    )
 
 
 class Expectations:
@@ -144,11 +169,18 @@ async def execute(
     build_pod: Callable[[str], Mapping[str, Any]],
     expectations: Expectations,
     now: Callable[[], float],
+    stopping: Callable[[], bool] = lambda: False,
 ) -> list[str]:
-    """Carry out a plan concurrently; returns error messages (the rest still happens)."""
+    """Carry out a plan concurrently; returns error messages (the rest still happens).
+
+    `stopping` is asked before every create: once the OmniService is being deleted, no pod
+    more is created, also not by a pass already under way.
+    """
     errors: list[str] = []
 
     async def create(node: str) -> None:
+        if stopping():
+            return
         body = build_pod(node)
         meta = body["metadata"]
         try:

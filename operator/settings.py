@@ -11,6 +11,9 @@ Environment (the Helm chart sets the first three):
 | HORIZONSERVE_RESYNC_INTERVAL | 2 | seconds between level-triggered pod reconciliations |
 | HORIZONSERVE_SUMMARY_STALE_AFTER | 180 | a node summary older than this does not count |
 | HORIZONSERVE_LIVENESS | http://0.0.0.0:8080/healthz | kopf's liveness endpoint |
+| HORIZONSERVE_WEBHOOK_CERT_DIR | "" | tls.crt + tls.key of the webhook; empty: no webhook |
+| HORIZONSERVE_WEBHOOK_ADDR | 0.0.0.0 | where the webhook listens (HTTPS) |
+| HORIZONSERVE_WEBHOOK_PORT | 9443 | the webhook's port |
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import kopf
 
@@ -27,6 +31,7 @@ from horizonserve.runtime import __version__
 
 DEFAULT_IMAGE = f"horizonserve:{__version__}"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_WEBHOOK_PORT = 9443
 FINALIZER = f"{models.GROUP}/finalizer"
 
 
@@ -50,6 +55,9 @@ class OperatorConfig:
     resync_interval_s: float = 2.0
     stale_after_s: float = 180.0
     liveness_endpoint: str = DEFAULT_LIVENESS
+    webhook_cert_dir: str = ""
+    webhook_addr: str = "0.0.0.0"
+    webhook_port: int = DEFAULT_WEBHOOK_PORT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -65,6 +73,9 @@ class OperatorConfig:
             resync_interval_s=_float(env, "HORIZONSERVE_RESYNC_INTERVAL", 2.0),
             stale_after_s=_float(env, "HORIZONSERVE_SUMMARY_STALE_AFTER", 180.0),
             liveness_endpoint=env.get("HORIZONSERVE_LIVENESS", "").strip() or DEFAULT_LIVENESS,
+            webhook_cert_dir=env.get("HORIZONSERVE_WEBHOOK_CERT_DIR", "").strip(),
+            webhook_addr=env.get("HORIZONSERVE_WEBHOOK_ADDR", "").strip() or "0.0.0.0",
+            webhook_port=int(_float(env, "HORIZONSERVE_WEBHOOK_PORT", DEFAULT_WEBHOOK_PORT)),
         )
 
 
@@ -96,3 +107,15 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig | None = N
     # Kubernetes Events only for warnings and errors: a 500-node fleet must not emit one per
     # handler run.
     settings.posting.level = logging.WARNING
+    if config is not None and config.webhook_cert_dir:
+        # The validating webhook (webhook.py) over HTTPS with the chart's certificate; the
+        # chart's ValidatingWebhookConfiguration points the API server here, so kopf manages
+        # no webhook configuration (and needs no RBAC for one).
+        certs = Path(config.webhook_cert_dir)
+        settings.admission.server = kopf.WebhookServer(
+            addr=config.webhook_addr,
+            port=config.webhook_port,
+            certfile=str(certs / "tls.crt"),
+            pkeyfile=str(certs / "tls.key"),
+        )
+        settings.admission.managed = None

@@ -13,6 +13,12 @@ Conditions (each with a CamelCase reason and a message for humans):
 * `Calibrated`: Calibrated, CalibrationPending, CalibrationFailed, LadderFromSpec (mode skip
   with a ladder), CalibrationSkipped (mode skip, default ladder), NoMatchingNodes.
 * `MetricsAvailable`: SummariesFresh, NoSummaries, StaleSummaries, NoMatchingNodes.
+* `Conflict` (True is the problem): NodesOwnedByOthers names each node lost to an older
+  OmniService and its owner; NoConflict.
+
+Summaries come from each node's ConfigMap (the only object its sidecar may write). One that
+names another node, or is dated more than MAX_CLOCK_SKEW_S into the future, is not counted
+and shows as an error of that node: a future date would otherwise stay "fresh" for ever.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from horizonserve.runtime.config import (
 )
 
 DEFAULT_STALE_AFTER_S = 180.0
+MAX_CLOCK_SKEW_S = 60.0  # a summary dated further ahead than this is refused
 MAX_LISTED = 5  # node names spelled out in a condition message
 MAX_NODE_ERRORS = 3
 MAX_ERROR_CHARS = 300
@@ -78,6 +85,15 @@ class Observed:
     pods: Sequence[PodState]
     template_hash: str | None
     write_errors: Sequence[str] = ()  # the reconciler's refused writes, newest pass
+    summaries: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # node → JSON
+    node_hashes: Mapping[str, str] | None = None  # node → expected spec-hash label
+    conflicts: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node → winner
+    endpoint: str | None = None
+
+    def expected_hash(self, node: str) -> str | None:
+        if self.node_hashes is not None and node in self.node_hashes:
+            return self.node_hashes[node]
+        return self.template_hash
 
 
 @dataclasses.dataclass
@@ -89,14 +105,23 @@ class _Node:
     fresh: bool = False
 
 
-def _parse(pod: PodState | None) -> tuple[NodeSummary | None, str | None]:
-    if pod is None or not pod.summary:
+def _parse(node: str, text: str | None, now: float) -> tuple[NodeSummary | None, str | None]:
+    if not text:
         return None, None
     try:
-        return NodeSummary.from_annotation(pod.summary), None
+        summary = NodeSummary.from_annotation(text)
     except (ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0]
-        return None, f"summary annotation unreadable: {first}"[:MAX_ERROR_CHARS]
+        return None, f"summary unreadable: {first}"[:MAX_ERROR_CHARS]
+    if summary.node != node:
+        return None, f"summary names node {summary.node[:100]!r}, not {node!r}: ignored"
+    if summary.timestamp > now + MAX_CLOCK_SKEW_S:
+        ahead = summary.timestamp - now
+        return None, (
+            f"summary dated {ahead:.0f}s in the future (more than {MAX_CLOCK_SKEW_S:.0f}s of "
+            "clock skew): ignored; check the node's clock"
+        )
+    return summary, None
 
 
 def _nodes(obs: Observed, now: float, stale_after_s: float) -> list[_Node]:
@@ -106,7 +131,7 @@ def _nodes(obs: Observed, now: float, stale_after_s: float) -> list[_Node]:
     out = []
     for name in wanted:
         pod = by_node.get(name)
-        summary, error = _parse(pod)
+        summary, error = _parse(name, obs.summaries.get(name), now) if pod else (None, None)
         fresh = summary is not None and now - summary.timestamp <= stale_after_s
         out.append(_Node(name, pod, summary, error, fresh))
     return out
@@ -139,12 +164,20 @@ def _condition(
     )
 
 
-def _nodes_ready(nodes: list[_Node], template_hash: str | None) -> tuple[bool, str, str]:
+def _nodes_ready(nodes: list[_Node], obs: Observed) -> tuple[bool, str, str]:
     if not nodes:
+        if obs.conflicts:
+            return (
+                False,
+                "NodesOwnedByOthers",
+                "every matching node is owned by another OmniService",
+            )
         return False, "NoMatchingNodes", "no GPU node matches spec.nodeSelector and tolerations"
     ready = [n for n in nodes if n.pod is not None and n.pod.ready]
     outdated = sum(
-        1 for n in nodes if n.pod is not None and template_hash and n.pod.spec_hash != template_hash
+        1
+        for n in nodes
+        if n.pod is not None and obs.template_hash and n.pod.spec_hash != obs.expected_hash(n.name)
     )
     rolling = f"; {outdated} pod(s) still on the previous spec" if outdated else ""
     waiting = [
@@ -256,7 +289,19 @@ def _by_modality(classes: Iterable[ClassStatus]) -> ModalityAttainment:
     return ModalityAttainment(**{k: _ratio(met, req) for k, (req, met) in sums.items()})
 
 
-def _node_status(n: _Node, template_hash: str | None) -> NodeStatus:
+def _conflict(obs: Observed) -> tuple[bool, str, str]:
+    if not obs.conflicts:
+        return False, "NoConflict", "no matching node is owned by another OmniService"
+    shown = sorted(obs.conflicts.items())
+    listing = _listing([f"{node} (owner {winner})" for node, winner in shown])
+    return (
+        True,
+        "NodesOwnedByOthers",
+        f"{len(shown)} matching node(s) owned by an older OmniService, no pod there: {listing}",
+    )
+
+
+def _node_status(n: _Node, obs: Observed) -> NodeStatus:
     errors: list[str] = []
     if n.summary_error:
         errors.append(n.summary_error)
@@ -268,7 +313,9 @@ def _node_status(n: _Node, template_hash: str | None) -> NodeStatus:
         pod=pod.name if pod else None,
         phase=pod.phase if pod else "Missing",
         ready=bool(pod and pod.ready),
-        up_to_date=bool(pod and pod.spec_hash == template_hash) if template_hash else True,
+        up_to_date=bool(pod and pod.spec_hash == obs.expected_hash(n.name))
+        if obs.template_hash
+        else True,
         calibrated=n.summary.calibrated if n.summary is not None else None,
         attainment=_ratio(n.summary.met, n.summary.requests) if n.summary else None,
         requests=n.summary.requests if n.summary else 0,
@@ -297,7 +344,7 @@ def build_status(
             type_, ok, reason, message, now=now, generation=obs.generation, previous=before
         )
 
-    nodes_ready = _nodes_ready(nodes, obs.template_hash)
+    nodes_ready = _nodes_ready(nodes, obs)
     if obs.write_errors and not nodes_ready[0]:
         more = len(obs.write_errors) - 1
         nodes_ready = (
@@ -327,6 +374,7 @@ def build_status(
             cond("Calibrated", _calibrated(obs, nodes)),
             cond("NodesReady", nodes_ready),
             cond("MetricsAvailable", _metrics(nodes, stale_after_s)),
+            cond("Conflict", _conflict(obs)),
         ],
         nodes_desired=len(nodes),
         nodes_ready=ready_count,
@@ -334,8 +382,9 @@ def build_status(
         attainment=_ratio(total_met, total_req),
         classes=classes,
         by_modality=_by_modality(classes),
-        node_summaries=[_node_status(n, obs.template_hash) for n in nodes],
+        node_summaries=[_node_status(n, obs) for n in nodes],
         spec_hash=obs.template_hash,
+        endpoint=obs.endpoint,
     )
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
 

@@ -9,6 +9,7 @@ handlers put at the start of the `Ready=False` condition's message.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,18 +47,34 @@ def field_path(loc: tuple[int | str, ...], root: str = "spec") -> str:
     return out
 
 
+_SUBFIELD = re.compile(r"^([a-z][A-Za-z0-9]*(?:\.[A-Za-z0-9_-]+)*): (.+)$", re.DOTALL)
+UNKNOWN_FIELD = (
+    "unknown field: the OmniService schema has no such field (fields are camelCase, e.g. "
+    "nodeSelector; see `kubectl explain omniservice.spec`); remove or rename it"
+)
+
+
 def _first_error(exc: ValidationError, root: str) -> SpecError:
     errors = exc.errors(include_url=False)
     err = errors[0]
-    msg = err["msg"].removeprefix("Value error, ")
+    path = field_path(tuple(err["loc"]), root)
+    if err["type"] == "extra_forbidden":
+        msg = UNKNOWN_FIELD
+    else:
+        msg = camelise_message(err["msg"].removeprefix("Value error, "))
+        # A model-level rule names its field first ("levels: ..."): make it part of the path.
+        sub = _SUBFIELD.match(msg)
+        if sub is not None:
+            path, msg = f"{path}.{sub.group(1)}", sub.group(2)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return SpecError(field_path(tuple(err["loc"]), root), camelise_message(msg) + more)
+    return SpecError(path, msg + more)
 
 
 def parse_spec(spec: Mapping[str, Any]) -> OmniServiceSpec:
     """Validate a raw spec (camelCase) into the model; SpecError on the first bad field."""
     try:
-        return OmniServiceSpec.model_validate(dict(spec))
+        # Wire names only: a snake_case `node_selector` is an unknown field, not an alias.
+        return OmniServiceSpec.model_validate(dict(spec), by_alias=True, by_name=False)
     except ValidationError as exc:
         raise _first_error(exc, "spec") from None
 

@@ -129,6 +129,57 @@ def _merge_patch(cluster: Any, path: str, body: dict) -> tuple[int, Any]:
         return err.code, err.read().decode()
 
 
+def pod_env(pod: dict, name: str) -> str:
+    (serving, *_) = pod["spec"]["containers"]
+    return next(e["value"] for e in serving["env"] if e["name"] == name)
+
+
+def as_service_account(
+    cluster: Any,
+    ns: str,
+    sa: str,
+    method: str,
+    path: str,
+    body: Any,
+    content_type: str = "application/merge-patch+json",
+) -> tuple[int, Any]:
+    """One API call with impersonation of a ServiceAccount (what its token may do)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        cluster.server + path, data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+    )  # fmt: skip
+    req.add_header("Authorization", f"Bearer {cluster.token}")
+    req.add_header("Impersonate-User", f"system:serviceaccount:{ns}:{sa}")
+    if body is not None:
+        req.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=cluster._ssl_context()) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def publish_summary(cluster: Any, ns: str, pod: dict, summary: str) -> None:
+    """What the pod's sidecar does: patch the summary into its node's ConfigMap, with the
+    pod's own ServiceAccount (impersonated), so its RBAC is what is tested."""
+    from horizonserve.runtime.config import SUMMARY_CONFIGMAP_ENV, SUMMARY_KEY
+
+    configmap = pod_env(pod, SUMMARY_CONFIGMAP_ENV)
+    sa = pod["spec"]["serviceAccountName"]
+
+    def patched() -> bool:
+        code, _ = as_service_account(
+            cluster, ns, sa, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/{configmap}",
+            {"data": {SUMMARY_KEY: summary}},
+        )  # fmt: skip
+        return code == 200
+
+    wait_for(f"summary published into ConfigMap {configmap}", patched, timeout=20)
+
+
 def merge_patch(cluster: Any, path: str, body: dict) -> dict:
     code, resp = _merge_patch(cluster, path, body)
     assert code == 200, resp
@@ -141,21 +192,23 @@ def merge_patch(cluster: Any, path: str, body: dict) -> dict:
 # serves one namespace), so a test passing here proves that too.
 CLUSTER_RULES = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-     "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+     "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    # Namespaced mode: release OmniServices elsewhere from a cluster-wide install's finalizer.
+    {"apiGroups": ["horizonserve.io"], "resources": ["omniservices"], "verbs": ["list", "patch"]},
 ]  # fmt: skip
 NAMESPACED_RULES = [
     {"apiGroups": ["horizonserve.io"], "resources": ["omniservices"],
-     "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": ["horizonserve.io"], "resources": ["omniservices/status"],
-     "verbs": ["get", "patch", "update"]},
-    {"apiGroups": [""], "resources": ["pods"],
-     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
-    {"apiGroups": [""], "resources": ["serviceaccounts"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+     "verbs": ["list", "watch", "patch"]},
+    {"apiGroups": ["horizonserve.io"], "resources": ["omniservices/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"],
+     "verbs": ["list", "watch", "create", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create", "delete"]},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+     "verbs": ["create", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]  # fmt: skip
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import yaml
@@ -56,11 +57,50 @@ def test_schema_is_structural() -> None:
         assert "anyOf" not in node and "allOf" not in node and "oneOf" not in node, path
         assert node.get("additionalProperties") is not False, path
         assert not ("properties" in node and "additionalProperties" in node), path
+        assert "patternProperties" not in node and "propertyNames" not in node, path
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, path
-        assert "x-kubernetes-preserve-unknown-fields" not in node, f"{path}: untyped"
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            # Unknown fields kept for the webhook to refuse; only on typed spec objects.
+            assert path.startswith(".spec") and node.get("type") == "object", path
+            assert "properties" in node, f"{path}: untyped"
         if "default" in node:
             assert not isinstance(node["default"], dict | list), path
+
+
+def _leaves(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for p, n in _walk(node, path):
+        if n.get("x-kubernetes-int-or-string"):  # both a string and a number
+            yield p, {**n, "type": "string"}
+            yield p, {**n, "type": "integer"}
+        else:
+            yield p, n
+
+
+def test_every_spec_value_is_bounded_at_apply() -> None:
+    """maxLength on every string (or an enum), a maximum on every number, maxItems on every
+    list and maxProperties on every map: no spec can grow past what the webhook accepts."""
+    unbounded = []
+    for path, node in _leaves(_schema()["properties"]["spec"], ".spec"):
+        kind = node.get("type")
+        if kind == "string" and "enum" not in node and "maxLength" not in node:
+            unbounded.append(f"{path}: string without maxLength")
+        elif kind in ("integer", "number") and "enum" not in node and "maximum" not in node:
+            unbounded.append(f"{path}: {kind} without maximum")
+        elif kind == "array" and "maxItems" not in node:
+            unbounded.append(f"{path}: array without maxItems")
+        elif kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            unbounded.append(f"{path}: map without maxProperties")
+    assert not unbounded, "\n".join(unbounded)
+
+
+def test_spec_objects_keep_unknown_fields_for_the_webhook() -> None:
+    spec = _schema()["properties"]["spec"]
+    typed = [p for p, n in _walk(spec, ".spec") if "properties" in n]
+    assert typed and all(
+        n.get("x-kubernetes-preserve-unknown-fields") for _, n in _walk(spec) if "properties" in n
+    ), typed
+    assert "x-kubernetes-preserve-unknown-fields" not in _schema()["properties"]["status"]
 
 
 def test_status_fields_are_declared_and_not_defaulted() -> None:
@@ -82,7 +122,7 @@ def test_names_columns_and_subresource() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    for name in ("Model", "Nodes", "Attainment", "Ready", "Age"):
+    for name in ("Model", "Nodes", "Attainment", "Ready", "Endpoint", "Age"):
         assert name in columns and "priority" not in columns[name]
     for name in ("Text", "Audio", "Image"):
         assert columns[name]["priority"] == 1
@@ -98,9 +138,15 @@ def test_spec_schema_carries_the_model_constraints() -> None:
     assert props["calibration"]["properties"]["mode"]["enum"] == ["auto", "skip", "force"]
     assert props["slo"]["properties"]["multiplier"]["exclusiveMinimum"] is True
     override = props["slo"]["properties"]["classOverrides"]["additionalProperties"]
-    assert override == {"minimum": 0, "exclusiveMinimum": True, "type": "number"}
+    assert override == {"minimum": 0, "exclusiveMinimum": True, "maximum": 1000, "type": "number"}
     quantity = props["resources"]["properties"]["limits"]["additionalProperties"]
-    assert quantity == {"x-kubernetes-int-or-string": True}
+    assert quantity["x-kubernetes-int-or-string"] is True
+    assert [b["type"] for b in quantity["anyOf"]] == ["integer", "string"]
+    assert (
+        "pattern" in quantity["anyOf"][1] and "hostPath" not in props["calibration"]["properties"]
+    )
+    assert props["allGpuNodes"] == {"default": False, "type": "boolean", "description": ANY}
+    assert props["image"]["maxLength"] == models.MAX_IMAGE_LENGTH and "pattern" in props["image"]
     control = props["control"]["properties"]
     assert {"uGuard", "rotationNMin", "rotationNMax", "ewmaGamma", "bSat"} <= set(control)
     assert props["ladder"]["required"] == ["levels", "aggressive", "total"]

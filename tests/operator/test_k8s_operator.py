@@ -18,7 +18,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from horizonserve.operator.builders import LABEL_SPEC_HASH
-from horizonserve.runtime.config import SUMMARY_ANNOTATION, ClassSummary, NodeSummary
+from horizonserve.runtime.config import ClassSummary, NodeSummary
 
 from .conftest import DATA
 from .k8s_helpers import (
@@ -36,6 +36,7 @@ from .k8s_helpers import (
     operator_process,
     play_kubelet,
     pod_node,
+    publish_summary,
     serving_pods,
     wait_for,
 )
@@ -115,7 +116,7 @@ def test_invalid_specs_are_refused_by_the_schema_with_the_field_path(cluster: An
 apiVersion: horizonserve.io/v1alpha1
 kind: OmniService
 metadata: {name: zero}
-spec: {pipeline: bagel, slo: {multiplier: 0}, control: {ewmaGamma: 2}}
+spec: {pipeline: bagel, allGpuNodes: true, slo: {multiplier: 0}, control: {ewmaGamma: 2}}
 """
     # --validate=false: no client-side check, the API server's schema must refuse it.
     res = cluster.kubectl(
@@ -153,7 +154,8 @@ def test_example_on_three_gpu_nodes_and_one_cpu_node(cluster: Any, ns: str) -> N
             assert shm["emptyDir"]["medium"] == "Memory"
             (ref,) = pod["metadata"]["ownerReferences"]
             assert ref["kind"] == "OmniService" and ref["name"] == "qwen-omni"
-            assert pod["spec"]["serviceAccountName"] == "qwen-omni-node"
+            assert pod["spec"]["serviceAccountName"].startswith(f"qwen-omni-{node}-")
+            assert pod["spec"]["automountServiceAccountToken"] is False
             assert pod["spec"]["runtimeClassName"] == "nvidia"
 
         # `kubectl get osvc` before anything runs: 0/3, not ready.
@@ -162,14 +164,12 @@ def test_example_on_three_gpu_nodes_and_one_cpu_node(cluster: Any, ns: str) -> N
         )
         assert osvc["status"]["nodes"].endswith("/3")
 
-        # Play the kubelet and the sidecars (as the sidecar's ServiceAccount).
-        sa = f"system:serviceaccount:{ns}:qwen-omni-node"
+        # Play the kubelet and the sidecars (each as its own pod's ServiceAccount, writing
+        # the summary into its node's ConfigMap).
         for i, (node, pod) in enumerate(sorted(pods.items())):
             play_kubelet(cluster, ns, pod["metadata"]["name"])
-            cluster.kubectl(
-                "annotate", "pod", "-n", ns, pod["metadata"]["name"], "--overwrite", f"--as={sa}",
-                f"{SUMMARY_ANNOTATION}={_summary(node, met=8 + i, requests=10)}",
-            )  # fmt: skip
+            publish_summary(cluster, ns, pod, _summary(node, met=8 + i, requests=10))
+        sa = f"system:serviceaccount:{ns}:{pods['gpu-0']['spec']['serviceAccountName']}"
 
         def ready() -> dict | None:
             o = get_osvc(cluster, ns, "qwen-omni")
@@ -186,22 +186,20 @@ def test_example_on_three_gpu_nodes_and_one_cpu_node(cluster: Any, ns: str) -> N
         assert st["byModality"] == {"text": 0.9, "audio": 1.0}
 
         table = _get_osvc_table(cluster, ns)
-        assert table[0] == ["NAME", "MODEL", "NODES", "ATTAINMENT", "READY", "AGE"]
-        assert table[1][:5] == ["qwen-omni", "Qwen/Qwen2.5-Omni-7B", "3/3", "0.95", "True"]
+        assert table[0] == ["NAME", "MODEL", "NODES", "ATTAINMENT", "READY", "ENDPOINT", "AGE"]
+        assert table[1][:6] == [
+            "qwen-omni", "Qwen/Qwen2.5-Omni-7B", "3/3", "0.95", "True",
+            f"http://qwen-omni.{ns}.svc:8000",
+        ]  # fmt: skip
         wide = _get_osvc_table(cluster, ns, "-o", "wide")
-        assert wide[0][6:] == ["PIPELINE", "POLICY", "TEXT", "AUDIO", "IMAGE", "REASON"]
-        assert wide[1][6:10] == ["qwen2_5_omni", "horizon", "0.9", "1"]
+        assert wide[0][7:] == ["PIPELINE", "POLICY", "TEXT", "AUDIO", "IMAGE", "REASON"]
+        assert wide[1][7:11] == ["qwen2_5_omni", "horizon", "0.9", "1"]
 
-        # The sidecar may touch its own OmniService's pods only.
-        status, _ = cluster.request("POST", f"/api/v1/namespaces/{ns}/pods", {
-            "metadata": {"name": "bystander"},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-        })  # fmt: skip
-        if status == 201:
-            res = cluster.kubectl(
-                "annotate", "pod", "-n", ns, "bystander", "x=y", f"--as={sa}", check=False
-            )
-            assert res.returncode != 0 and "forbidden" in res.stderr.lower()
+        # A sidecar may write nothing but its own node's ConfigMap: not a pod, not a sibling's.
+        for verb, what in (("patch", "pods/qwen-omni-gpu-0"), ("patch", "pods/qwen-omni-gpu-1"),
+                           ("create", "configmaps"), ("get", "secrets")):  # fmt: skip
+            res = cluster.kubectl("auth", "can-i", verb, what, "-n", ns, f"--as={sa}", check=False)
+            assert res.stdout.strip() == "no", (verb, what)
 
         # A node removed: its pod goes; relabelled to a CPU-only node: same.
         cluster.request("DELETE", "/api/v1/nodes/gpu-2")
@@ -216,10 +214,9 @@ def test_example_on_three_gpu_nodes_and_one_cpu_node(cluster: Any, ns: str) -> N
         # A node added: it gets a pod on the next event.
         create_node(cluster, "gpu-3")
         _wait_pods(cluster, ns, {"gpu-0", "gpu-3"})
-        role = cluster.request(
-            "GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/qwen-omni-node"
-        )[1]
-        assert role["rules"][0]["resourceNames"] == ["qwen-omni-gpu-0", "qwen-omni-gpu-3"]
+        roles = cluster.request("GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles")
+        names = sorted(r["rules"][0]["resourceNames"][0] for r in roles[1]["items"])
+        assert [n.rsplit("-", 1)[0] for n in names] == ["qwen-omni-gpu-0", "qwen-omni-gpu-3"]
 
         # The OmniService deleted: everything it owns is garbage-collected.
         cluster.kubectl("delete", "osvc", "-n", ns, "qwen-omni", "--wait=true", "--timeout=60s")
@@ -227,11 +224,14 @@ def test_example_on_three_gpu_nodes_and_one_cpu_node(cluster: Any, ns: str) -> N
         def children() -> list[str]:
             left = [p["metadata"]["name"] for p in serving_pods(cluster, ns)]
             rbac = "apis/rbac.authorization.k8s.io/v1"
-            kinds = (("api/v1", "serviceaccounts"), (rbac, "roles"), (rbac, "rolebindings"))
+            kinds = (("api/v1", "serviceaccounts"), (rbac, "roles"), (rbac, "rolebindings"),
+                     ("api/v1", "configmaps"), ("api/v1", "services"))  # fmt: skip
+            selector = "app.kubernetes.io/managed-by=horizonserve-operator"
             for group, kind in kinds:
-                code, _ = cluster.request("GET", f"/{group}/namespaces/{ns}/{kind}/qwen-omni-node")
-                if code == 200:
-                    left.append(kind)
+                _, body = cluster.request(
+                    "GET", f"/{group}/namespaces/{ns}/{kind}?labelSelector={selector}"
+                )
+                left += [f"{kind}/{i['metadata']['name']}" for i in body.get("items", [])]
             return left
 
         wait_for("children garbage-collected", lambda: not children(), timeout=60)
@@ -267,7 +267,7 @@ def test_refused_pods_surface_in_status(cluster: Any, ns: str) -> None:
 apiVersion: horizonserve.io/v1alpha1
 kind: OmniService
 metadata: {name: norc}
-spec: {pipeline: bagel, runtimeClassName: no-such-class}
+spec: {pipeline: bagel, allGpuNodes: true, runtimeClassName: no-such-class}
 """
     with _runner(ns):
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
@@ -361,7 +361,7 @@ def test_operator_killed_mid_way_and_restarted_makes_no_duplicates(
 apiVersion: horizonserve.io/v1alpha1
 kind: OmniService
 metadata: {name: fleet}
-spec: {pipeline: mimo_audio}
+spec: {pipeline: mimo_audio, allGpuNodes: true}
 """
     with operator_process(cluster, ns, port, log, kubeconfig) as proc:
         wait_for("liveness endpoint", lambda: _healthz(port), timeout=30)
