@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from horizonserve.runtime import __version__
+from horizonserve.runtime.cli_types import describe_error
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -68,21 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"horizonserve {args.command}: error: {describe_error(exc)}", file=sys.stderr)
         return 2
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a user-facing error: pydantic's field errors without their URLs, an
-    OSError as "reason: path", anything else as its message."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors) and exc.__class__.__name__ == "ValidationError":
-        parts = []
-        for e in errors():
-            loc = ".".join(str(x) for x in e.get("loc", ())) or "value"
-            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-        return "; ".join(parts)
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

@@ -141,3 +141,34 @@ def one_of(choices: list[str] | tuple[str, ...], what: str) -> Callable[[str], t
 
     check.__name__ = "list"
     return check
+
+
+def artifact_file(text: str) -> str:
+    """A calibration artifact that exists and passes its schema (loaded once here, so a bad
+    file is refused before any work)."""
+    from horizonserve.runtime.calibrate.artifact import load_artifact
+
+    path = input_file(text)
+    try:
+        load_artifact(path)
+    except (ValueError, OSError) as exc:  # JSON and pydantic errors are ValueErrors
+        raise argparse.ArgumentTypeError(
+            f"{path} is not a valid calibration artifact ({describe_error(exc)}); give one "
+            "written by horizonserve calibrate, or leave the option out"
+        ) from None
+    return path
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a user-facing error: pydantic's field errors without their URLs, an
+    OSError as "reason: path", anything else as its message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and exc.__class__.__name__ == "ValidationError":
+        parts = []
+        for e in errors():
+            loc = ".".join(str(x) for x in e.get("loc", ())) or "value"
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        return "; ".join(parts)
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return " ".join(str(exc).split())

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-multiplier", type=ck.positive, default=5.0, help="SLO = m × solo p95 (5)")
     g.add_argument(
         "--artifact",
-        type=ck.input_file,
+        type=ck.artifact_file,
         help="calibration artifact JSON (default: the packaged one)",
     )
     g.add_argument(
@@ -116,7 +116,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
             artifact_path=args.artifact,
         )
         bar = Progress(f"simulating {pipeline}", "run", disable=args.no_progress)
-        phase(f"horizonserve bench: {pipeline} — measuring solo p95 per class (simulated) …")
+        phase(
+            f"horizonserve bench: {pipeline} — measuring solo p95 per class (simulated) …",
+            disable=args.no_progress,
+        )
         try:
             raw = run_sweep(cfg, on_total=bar.start, on_done=bar.step)
         finally:

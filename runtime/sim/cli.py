@@ -44,7 +44,7 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     )
     p.add_argument(
         "--artifact",
-        type=ck.input_file,
+        type=ck.artifact_file,
         help="calibration artifact JSON (default: the packaged one)",
     )
     p.add_argument("--mix", type=_mix, help="class weights, e.g. text-text=3,text-speech=1")
