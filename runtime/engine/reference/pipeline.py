@@ -816,6 +816,9 @@ class Pipeline:
         self._wait_idle(timeout)
         with self._ready:
             self._policy_ack = None
+            for stage, q in self._queues.items():  # downstream stages: their admission rule
+                if stage != "shared":
+                    q.put(SetPolicy(name.value))
             self._queues["shared"].put(SetPolicy(name.value))
             self._wait_locked(lambda: self._policy_ack == name.value, timeout, "policy switch")
         self.config = self.config.model_copy(update={"policy": name})

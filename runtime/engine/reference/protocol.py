@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from horizonserve.runtime.downstream import Stamp
+
 if TYPE_CHECKING:
     import torch
 
@@ -181,6 +183,7 @@ class Handoff:
     arrival: float
     cond: WireTensor  # [L, thinker_hidden]
     target: int | None  # talker codes / denoising steps (None: the preset's default)
+    stamp: Stamp | None = None  # class, deadline and estimate, set once by the shared stage
 
 
 @dataclass(slots=True)

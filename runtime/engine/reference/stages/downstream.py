@@ -32,7 +32,9 @@ from horizonserve.runtime.engine.reference.protocol import (
     Handoff,
     ProbeLoad,
     ProbeStop,
+    SetPolicy,
 )
+from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
 from horizonserve.runtime.engine.reference.stages.common import (
     ParentWatch,
     StageConfig,
@@ -49,6 +51,8 @@ STAGE_KIND = {"speech": 1, "image": 2}  # control-record slot kind codes
 
 
 class DownstreamStage(Protocol):
+    pending: StageQueue[Any]  # waiting jobs under the policy's admission rule
+
     @property
     def in_flight(self) -> int: ...
 
@@ -196,6 +200,8 @@ class DownstreamLoop:
                     dropped = stage.abort(msg.before)
                     ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
                     self.events.put(ev)
+                elif isinstance(msg, SetPolicy):  # between runs: the admission rule follows
+                    stage.pending.set_order(slack_order(self.config, msg.policy))
                 elif isinstance(msg, Cancel):
                     cancelled.extend(msg.rids)
                     stage.cancel(msg.rids)

@@ -10,7 +10,6 @@ is the first (and only) response (end-to-end latency).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from torch import nn
 from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
+from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
 
 STAGE = IMAGE
 
@@ -44,6 +44,7 @@ class ImageStage:
         *,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
+        slack: bool = False,
     ) -> None:
         self.dit = dit
         self.decoder = decoder
@@ -51,7 +52,7 @@ class ImageStage:
         self.max_batch = preset.dit_max_batch
         p = next(dit.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.pending: deque[ImageJob] = deque()
+        self.pending: StageQueue[ImageJob] = StageQueue(slack, clock)
         self.active: list[ImageJob] = []
         self.emit = emit
         self._clock = clock
@@ -66,7 +67,7 @@ class ImageStage:
             cond = torch.randn(d.cond_tokens, self.dit.cond_in.in_features, device=self.device)
             x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device)
             job = ImageJob(f"load-{self._synthetic}", cond.to(self.dtype), x.to(self.dtype), 10**9)
-            self.pending.append(job)
+            self.pending.append(job, None)
 
     def cancel_all(self) -> None:
         self.pending.clear()
@@ -75,14 +76,14 @@ class ImageStage:
     def abort(self, before: float) -> int:
         """Drop jobs whose request arrived at or before `before`; returns how many."""
         n = self.in_flight
-        self.pending = deque(j for j in self.pending if j.arrival > before)
+        self.pending.retain(lambda j: j.arrival > before)
         self.active = [j for j in self.active if j.arrival > before]
         return n - self.in_flight
 
     def cancel(self, rids: tuple[str, ...]) -> int:
         """Drop these requests' jobs; returns how many."""
         n, gone = self.in_flight, set(rids)
-        self.pending = deque(j for j in self.pending if j.rid not in gone)
+        self.pending.retain(lambda j: j.rid not in gone)
         self.active = [j for j in self.active if j.rid not in gone]
         return n - self.in_flight
 
@@ -102,7 +103,7 @@ class ImageStage:
             cond = torch.cat((pad, cond))
         x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device, dtype=self.dtype)
         steps = msg.target if msg.target else d.steps
-        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival))
+        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival), msg.stamp)
 
     @torch.inference_mode()
     def iterate(self) -> None:
@@ -158,7 +159,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     width = 128 if preset.name == "full" else 16
     decoder = materialize(lambda: LatentDecoder(preset.dit.latent_channels, width), device, dtype)
     sink: list[Event] = []
-    stage = ImageStage(dit, decoder, preset, emit=sink.append)
+    stage = ImageStage(dit, decoder, preset, emit=sink.append, slack=slack_order(loop.config))
     if cfg.warmup:
         cond = WireTensor.of(torch.zeros(4, preset.thinker.hidden, dtype=dtype))
         for level in loop.warmup_levels():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from horizonserve.runtime.config import ServingConfig
+from horizonserve.runtime.downstream import Stamp
 from horizonserve.runtime.engine.reference.ar import ArExecutor, bucket
 from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.gpu_control import SmCap
@@ -273,7 +274,11 @@ class SharedStage:
             keep = dims.dit.cond_tokens if target == "image" else None
             cond = WireTensor.of(self.executor.hidden_of(seq, keep))
             spec = job.admit.spec
-            self._handoff(target, Handoff(seq.rid, job.admit.arrival, cond, spec.downstream_tokens))
+            stamp = Stamp.of(job.sig)  # travels with the request; no stage recomputes it
+            self._handoff(
+                target,
+                Handoff(seq.rid, job.admit.arrival, cond, spec.downstream_tokens, stamp),
+            )
             self._emit(Event(HANDOFF, STAGE, t, seq.rid, data))
         else:
             self._emit(Event(DONE, STAGE, t, seq.rid, data))

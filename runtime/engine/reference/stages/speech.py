@@ -10,7 +10,6 @@ kernels on the complementary SM count the shared stage published.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     Event,
     Handoff,
 )
+from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
 
 STAGE = SPEECH
 DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no length
@@ -55,13 +55,14 @@ class SpeechStage:
         *,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
+        slack: bool = False,
     ) -> None:
         self.talker = talker
         self.cond_proj = cond_proj
         self.code2wav = code2wav
         self.chunk = preset.code_chunk
         self.batcher = ContinuousBatcher(preset.talker_limits)
-        self.pending: deque[Sequence] = deque()
+        self.pending: StageQueue[Sequence] = StageQueue(slack, clock)
         self.emit = emit
         self._clock = clock
         self._synthetic = 0
@@ -80,7 +81,8 @@ class SpeechStage:
         cond = msg.cond.to(self.talker.device).to(self.talker.dtype)
         target = msg.target if msg.target else DEFAULT_CHUNKS * self.chunk
         prompt, target = self.batcher.fit(cond.shape[0], target)
-        self.pending.append(Sequence(msg.rid, prompt, target, SpeechJob(msg, cond[-prompt:])))
+        job = SpeechJob(msg, cond[-prompt:])
+        self.pending.append(Sequence(msg.rid, prompt, target, job), msg.stamp)
 
     def add_synthetic(self, n: int, prompt: int = 64) -> None:
         """Top the stage up to `n` in flight with endless synthetic jobs (calibration load)."""
@@ -90,7 +92,7 @@ class SpeechStage:
             p, target = self.batcher.fit(prompt, self.batcher.limits.max_len - prompt)
             self._synthetic += 1
             seq = Sequence(f"load-{self._synthetic}", p, target, SpeechJob(None, cond[-p:]))
-            self.pending.append(seq)
+            self.pending.append(seq, None)
 
     def abort(self, before: float) -> int:
         """Drop requests that arrived at or before `before` (KV slots freed); returns how many."""
@@ -100,7 +102,7 @@ class SpeechStage:
             return h is not None and h.arrival <= before
 
         n = self.in_flight
-        self.pending = deque(seq for seq in self.pending if not hit(seq))
+        self.pending.retain(lambda seq: not hit(seq))
         for seq in [seq for seq in self.batcher.running if hit(seq)]:
             self.batcher.finish(seq)
         return n - self.in_flight
@@ -108,7 +110,7 @@ class SpeechStage:
     def cancel(self, rids: tuple[str, ...]) -> int:
         """Drop these requests (KV slots freed); returns how many."""
         n, gone = self.in_flight, set(rids)
-        self.pending = deque(seq for seq in self.pending if seq.rid not in gone)
+        self.pending.retain(lambda seq: seq.rid not in gone)
         for seq in [seq for seq in self.batcher.running if seq.rid in gone]:
             self.batcher.finish(seq)
         return n - self.in_flight
@@ -122,9 +124,11 @@ class SpeechStage:
     @torch.inference_mode()
     def iterate(self) -> None:
         t0 = time.monotonic()
-        plan = self.batcher.plan(self.pending)
-        for _ in plan.prefill:
-            self.pending.popleft()
+        # Candidates in the policy's admission order; listed only when a slot is free.
+        free = self.pending and self.batcher.slots.free
+        plan = self.batcher.plan(list(self.pending) if free else ())
+        if plan.prefill:
+            self.pending.take(plan.prefill)
         embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
         self.talker.prefill(plan.prefill, embeds)
         self.talker.decode(plan.decode)
@@ -193,7 +197,8 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     )
     code2wav = materialize(lambda: Code2Wav(preset.code2wav), device, dtype)
     sink: list[Event] = []
-    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append)
+    slack = slack_order(loop.config)
+    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append, slack=slack)
     if cfg.warmup:
         h = preset.thinker.hidden
         loop.sm.activate(None)
