@@ -24,10 +24,12 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      front as it left them, every other request keeps its original position;
   2b. shared-stage preemption (policies with `preemption`): when a protected short-path
      prefill waits and the running set is full — no free place (`max_num_running_reqs`) or
-     too few free KV blocks for its first chunk — the running long-path decode the policy
-     picks (`policy.preemption_victim`: most slack, never short-path, protected or still
-     prefilling) is preempted through vLLM's own `_preempt_request` (KV blocks freed, back to
-     the front of `waiting` as a decode continuation, reported to the model runner in
+     too few free KV blocks for its first chunk — the policy may name a running long-path
+     decode to preempt (`policy.preemption_victim`: most slack, never short-path, protected,
+     still prefilling or preempted before; only when the protected request cannot wait for
+     the next place to free by itself, `_next_free_s`, and no ordinary prefill waits). It is
+     preempted through vLLM's own `_preempt_request` (KV blocks freed, back to the front of
+     `waiting` as a decode continuation, reported to the model runner in
      `preempted_req_ids`), once per place the protected prefills need. In that step the view
      hides the victims and shows the protected short-path prefills first, so the freed places
      go to them and not straight back to the victims;
@@ -45,8 +47,10 @@ hides `waiting`, so Omni's input gates, aborted-request drops and queue restores
 queues, unchanged.
 
 Downstream stages (talker, code2wav; the diffusion stage has no vLLM scheduler, see
-`worker.py`) get thin subclasses that only publish how many requests they run into their slot
-of the control record and remember each request's carried stamp (class, original deadline).
+`worker.py`) get thin subclasses that publish how many requests they run into their slot of
+the control record, remember each request's carried stamp (class, original deadline,
+downstream estimate) and admit from `waiting` in the order of the policy's downstream queue
+(`admission.py`: slack order under HorizonServe, vLLM's own order for the baselines).
 
 `ar_scheduler` / `generation_scheduler` are what the re-registered pipelines name as
 `scheduler_cls`: vLLM's EngineCore calls them like a class.
@@ -69,6 +73,7 @@ from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationSchedul
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.engine.vllm_omni import shared
+from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
 from horizonserve.runtime.engine.vllm_omni.stamps import (
     Stamp,
@@ -495,7 +500,10 @@ class SharedStageController:
             short_of_kv = pool.get_num_free_blocks() < need_blocks
             if not (short_of_places or short_of_kv):
                 break
-            victim = policy.preemption_victim(self._decodes(sched), now, _SIG, self._handed_off)
+            decodes = self._decodes(sched)
+            victim = policy.preemption_victim(
+                decodes, now, _SIG, self._handed_off, _next_free_s(sched.running)
+            )
             if victim is None:
                 break
             if not short_of_places and not sched._request_blocks_can_be_freed(victim):
@@ -539,6 +547,7 @@ class SharedStageController:
             if request is victim:
                 del running[i]
                 break
+        victim.__dict__[SIG_ATTR].preempted += 1  # the rule preempts a request once
         sched._preempt_request(
             victim, time.monotonic(), drop_stale_output=sched.requires_kv_delivery
         )
@@ -587,6 +596,21 @@ class SharedStageController:
         sig = None if request is None else request.__dict__.get(SIG_ATTR)
         if sig is not None and sig.waiting:
             self._leave(request, sig)
+
+
+def _next_free_s(running: list) -> float:
+    """When the running request nearest completion frees its place by itself: its tokens left
+    (`max_tokens`; vLLM cannot know an earlier EOS) × its class's decode step time."""
+    best = math.inf
+    for request in running:
+        sig = request.__dict__.get(SIG_ATTR)
+        if sig is None:
+            continue
+        left = request.max_tokens - request.num_output_tokens
+        t = (left if left > 0 else 0) * sig.costs.tpot_s
+        if t < best:
+            best = t
+    return 0.0 if best == math.inf else best
 
 
 def _first_chunk_blocks(sched: Any, requests: list) -> int:
@@ -705,7 +729,8 @@ class HorizonOmniARAsyncScheduler(SharedStageHooks, OmniARAsyncScheduler, _ViewH
 
 
 class DownstreamStage:
-    """A downstream stage's share of the control state: its activity slot, the stamps."""
+    """A downstream stage's share of the control state: its activity slot, the stamps, the
+    admission order."""
 
     def __init__(
         self,
@@ -714,15 +739,25 @@ class DownstreamStage:
         *,
         record: ControlRecord | None,
         table: RequestTable | None,
+        config: ServingConfig | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.stage_id = stage_id
         self.slot = max(0, min(stage_id - 1, shared.N_SLOTS - 1))
         self.writer = record.downstream_writer(self.slot, kind) if record is not None else None
         self.table = table
-        self.clock_ns = clock_ns
         self.stamps: dict[str, Stamp | None] = {}
         self._last_active = -1
+        self.admission: DownstreamAdmission | None = None
+        if config is not None:
+            queue = make_policy(config.policy, config).downstream_queue()
+            self.admission = DownstreamAdmission(
+                queue, first_stage=stage_id == 1, clock_ns=self._now_ns
+            )
+        self.clock_ns = clock_ns
+
+    def _now_ns(self) -> int:
+        return self.clock_ns()  # read late: tests swap `clock_ns` after construction
 
     def on_enqueue(self, request: Any) -> None:
         if request.request_id in self.stamps:
@@ -736,9 +771,13 @@ class DownstreamStage:
                 )
         self.stamps[request.request_id] = stamp
         request.__dict__[STAMP_ATTR] = stamp
+        if self.admission is not None:
+            self.admission.on_enqueue(request, None if stamp is None else stamp.as_core())
 
     def on_free(self, request: Any) -> None:
         self.stamps.pop(request.request_id, None)
+        if self.admission is not None:
+            self.admission.on_leave(request)
 
     def publish(self, active: int) -> None:
         """Requests this stage is running; refreshed every step (it is also the heartbeat)."""
@@ -756,9 +795,15 @@ class DownstreamHooks:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._hs_down = None
         super().__init__(*args, **kwargs)
-        stage_id = int(getattr(self.vllm_config.model_config, "stage_id", 1) or 1)  # type: ignore[attr-defined]
+        model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
+        stage_id = int(getattr(model_config, "stage_id", 1) or 1)
+        hint = getattr(getattr(model_config, "hf_config", None), "model_type", None)
         self._hs_down = DownstreamStage(
-            stage_id, self._hs_kind, record=shared.control_record(), table=shared.request_table()
+            stage_id,
+            self._hs_kind,
+            record=shared.control_record(),
+            table=shared.request_table(),
+            config=resolve_config(hint),
         )
 
     def hs_stamp(self, request_id: str) -> Stamp | None:
@@ -777,10 +822,21 @@ class DownstreamHooks:
         return result
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        down = self._hs_down
+        admission = None if down is None else down.admission
+        if admission is not None:
+            admission.before_schedule(self)
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        if self._hs_down is not None:
-            self._hs_down.publish(len(self.running))  # type: ignore[attr-defined]
+        if admission is not None:
+            admission.after_schedule(self, out)
+        if down is not None:
+            down.publish(len(self.running))  # type: ignore[attr-defined]
         return out
+
+    @property
+    def hs_admission(self) -> DownstreamAdmission | None:
+        """This stage's admission order (None before construction finished)."""
+        return None if self._hs_down is None else self._hs_down.admission
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
