@@ -72,8 +72,11 @@ class SharedStageCalibration(_Model):
     """The shared (thinker/LLM) stage: iteration cost and engine limits.
 
     Iteration time alone at s SMs:
-        decode_step_s(s) · (1 + decode_seq_frac · (seqs − 1) + decode_ctx_frac · cached tokens)
+        decode_step_s(s) · (1 + k(s) · (decode_seq_frac · (rows − 1) + decode_ctx_frac · cached))
         + prefill_token_s(s) · prefill tokens
+    k(s) = decode_slope_scale(s) (1 when absent): the batch/context slope at s SMs relative to
+    the whole GPU, where the fractions are measured. rows = seqs, or with CUDA graphs the
+    captured batch size that holds them (`graph_batch_sizes`: the engine pads to it).
     While a downstream stage co-runs, the first term is multiplied by corun_decode_factor(s) and
     the second by corun_prefill_factor(s): measured with the shared stage capped at s SMs and the
     downstream stage on the complementary S_tot − s (at s = S_tot: both on the whole GPU).
@@ -85,6 +88,12 @@ class SharedStageCalibration(_Model):
     prefill_token_s: SmCurve = Field(description="Seconds per prefill token, stage alone.")
     corun_decode_factor: SmCurve = Field(description="Decode slowdown while downstream co-runs.")
     corun_prefill_factor: SmCurve = Field(description="Prefill slowdown while downstream co-runs.")
+    decode_slope_scale: SmCurve | None = Field(
+        None, description="Batch/context slope of decode at s SMs relative to S_tot (k(s))."
+    )
+    graph_batch_sizes: list[int] | None = Field(
+        None, description="Decode batch sizes captured as CUDA graphs (None: eager, no padding)."
+    )
     sm_switch_s: float = Field(5e-6, ge=0, description="Cost of changing the SM cap.")
     max_num_seqs: int = Field(gt=0, description="Engine limit: sequences per iteration.")
     max_num_batched_tokens: int = Field(gt=0, description="Engine limit: tokens per iteration.")

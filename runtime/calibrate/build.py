@@ -216,6 +216,15 @@ def _pipeline(
         )
     sh["decode_seq_frac"] = round(seq_frac, 6)
     sh["decode_ctx_frac"] = round(ctx_frac, 9)
+    ks = derive.slope_scale(iso_b8, iso_b1, seq_frac, ctx_frac, ctx, ctx_short, total)
+    slope = _curve({s: v for s, v in ks.items() if v > 0}) if len(ks) >= 2 else None
+    if slope is not None:
+        sh["decode_slope_scale"] = slope.model_dump()
+        notes.measured(
+            "shared.decode_slope_scale",
+            f"per SM count, batch 8 at {ctx} vs batch 1 at {ctx_short} cached tokens: the "
+            "batch/context slope relative to the whole GPU",
+        )
     for k in ("decode_seq_frac", "decode_ctx_frac"):
         notes.measured(
             f"shared.{k}",

@@ -158,6 +158,39 @@ def decode_fracs(
     return d1, max(0.0, seq), ctx_frac
 
 
+def slope_scale(
+    b8: Mapping[int, float],
+    b1: Mapping[int, float],
+    seq: float,
+    ctx: float,
+    c8: int,
+    c1: int,
+    total: int,
+) -> dict[int, float]:
+    """k(s) of T(s) = d1(s)·(1 + k(s)·(seq·(B-1) + ctx·B·c)), from batch 8 at c8 tokens and
+    batch 1 at c1 tokens per SM count, relative to k(S_tot) (= 1: where seq and ctx were
+    measured). Levels where the model cannot explain the ratio are left out."""
+    a = seq * 7 + ctx * 8 * c8  # the slope term of the batch-8 probe
+    b = ctx * c1  # ... and of the batch-1 probe
+
+    def k(s: int) -> float | None:
+        r = b8[s] / b1[s]
+        den = a - r * b
+        return (r - 1.0) / den if den > 0 and r >= 1.0 else None
+
+    if total not in b8 or total not in b1:
+        return {}
+    k_full = k(total)
+    if not k_full:
+        return {}
+    out = {}
+    for s in sorted(set(b8) & set(b1)):
+        ks = k(s)
+        if ks is not None:
+            out[s] = ks / k_full
+    return out
+
+
 def batch_frac(t1: float, tn: float, n: int) -> float:
     """frac of step·(1 + frac·(n-1)) from a batch-1 and a batch-n step time."""
     if n <= 1 or t1 <= 0:

@@ -11,16 +11,16 @@ from horizonserve.runtime.calibrate.artifact import (
     DownstreamStageCalibration,
     PipelineCalibration,
 )
-from horizonserve.runtime.engine.deploy import DeployLimits
+from horizonserve.runtime.engine.deploy import DeployLimits, graph_batch_sizes
 
 # Deploy-file role of an artifact's downstream stage, where the names differ.
 ROLE_OF = {"diffusion": "dit"}
 
 
 def with_deploy(cal: PipelineCalibration, deploy: DeployLimits) -> PipelineCalibration:
-    """`cal` with the engine limits of `deploy`: the shared stage's sequences and token budget
-    (thinker), each downstream stage's slots, and the first-chunk size. Stages the deploy file
-    does not name keep the artifact's values.
+    """`cal` with the engine limits of `deploy`: the shared stage's sequences, token budget and
+    CUDA-graph batch sizes (thinker), each downstream stage's slots, and the first-chunk size.
+    Stages the deploy file does not name keep the artifact's values.
 
     The talker's work is codec codes (`work_per_audio_second` codes per spoken second), so its
     first output is the first chunk's codes; code2wav's work is seconds of audio, so its first
@@ -29,7 +29,11 @@ def with_deploy(cal: PipelineCalibration, deploy: DeployLimits) -> PipelineCalib
     sh = cal.shared
     if deploy.has("thinker"):
         t = deploy.stage("thinker")
-        upd = {"max_num_seqs": t.max_num_seqs, "max_num_batched_tokens": t.max_num_batched_tokens}
+        upd: dict[str, object] = {
+            "max_num_seqs": t.max_num_seqs,
+            "max_num_batched_tokens": t.max_num_batched_tokens,
+            "graph_batch_sizes": list(graph_batch_sizes(t.max_num_seqs)) if t.cuda_graphs else None,
+        }
         sh = sh.model_copy(update=upd)
     chunk = deploy.chunking
     codes_per_s = next((d.work_per_audio_second for d in cal.downstream if d.name == "talker"), 0)

@@ -88,6 +88,17 @@ class DeployLimits:
         return any(s.role == role for s in self.stages)
 
 
+def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """Decode batch sizes an AR stage captures as CUDA graphs: powers of two below
+    max_num_seqs, then max_num_seqs (a step pads its rows up to the next one)."""
+    out, n = [], 1
+    while n < max_num_seqs:
+        out.append(n)
+        n *= 2
+    out.append(max_num_seqs)
+    return tuple(out)
+
+
 def _read(package: str, rel: str) -> dict[str, Any]:
     text = resources.files(package).joinpath(rel).read_text()
     data = yaml.safe_load(text)

@@ -63,7 +63,9 @@ class SharedCost:
         "_dec",
         "_mps",
         "_pre",
+        "_rows",
         "_seq",
+        "_slope",
         "_switch",
         "total_sms",
     )
@@ -79,6 +81,22 @@ class SharedCost:
         self._ctx = s.decode_ctx_frac
         self._switch = s.sm_switch_s
         self._mps = cal.sharing.mps_shared_factor
+        slope = s.decode_slope_scale
+        self._slope = _Memo(slope) if slope is not None else (lambda _sms: 1.0)
+        # Rows a decode step runs: the smallest captured graph batch that holds the sequences
+        # (the engine pads to it), or exactly the sequences when it runs eagerly.
+        sizes = s.graph_batch_sizes
+        self._rows = [0] * (s.max_num_seqs + 1)
+        for n in range(s.max_num_seqs + 1):
+            self._rows[n] = next((b for b in sizes if b >= n), n) if sizes else n
+
+    def decode_rows(self, seqs: int) -> int:
+        return self._rows[seqs] if seqs < len(self._rows) else seqs
+
+    def _mem(self, sms: int, seqs: int, cached_tokens: int) -> float:
+        """decode_step(s)·(1 + k(s)·(seq·(rows−1) + ctx·cached)): the memory-bound term."""
+        extra = self._seq * (self.decode_rows(seqs) - 1) + self._ctx * cached_tokens
+        return self._dec(sms) * (1.0 + self._slope(sms) * extra)
 
     def corun_factors(self, sms: int, sharing: Sharing) -> tuple[float, float]:
         """(decode, prefill) slowdown while a downstream stage co-runs."""
@@ -100,8 +118,8 @@ class SharedCost:
         sharing: Sharing,
         switched: bool,
     ) -> float:
-        """decode_step(s)·(1 + seq·(seqs−1) + ctx·cached)·fd + prefill_token(s)·tokens·fp."""
-        mem = self._dec(sms) * (1.0 + self._seq * (seqs - 1) + self._ctx * cached_tokens)
+        """decode term (`_mem`)·fd + prefill_token(s)·tokens·fp."""
+        mem = self._mem(sms, seqs, cached_tokens)
         comp = self._pre(sms) * prefill_tokens
         if corun:
             fd, fp = self.corun_factors(sms, sharing)
@@ -116,7 +134,7 @@ class SharedCost:
         `prefill_sms` > `sms` SMs (module docstring): the prefill at `prefill_sms` with the MPS
         factor, the decode term at the cap `sms` with the partition factor; each part opens
         with a Green Context switch (up to `prefill_sms`, back down to the cap)."""
-        mem = self._dec(sms) * (1.0 + self._seq * (seqs - 1) + self._ctx * cached_tokens)
+        mem = self._mem(sms, seqs, cached_tokens)
         comp = self._pre(prefill_sms) * prefill_tokens
         fp = self.corun_factors(prefill_sms, Sharing.MPS)[1]
         return self._switch + comp * fp, self._switch + mem * self._cd(sms)
