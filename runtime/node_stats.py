@@ -8,6 +8,7 @@ atomic (temp file + rename), so the reader sees the old or the new file, never h
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -55,11 +56,33 @@ def write_stats(path: Path, classes: list[ClassSummary], window_s: float, unix_n
     os.replace(tmp, path)
 
 
+MAX_STATS_BYTES = 1 << 20  # a larger file is not a stats file this code wrote
+
+
 def read_stats(path: Path) -> tuple[list[ClassSummary], float, float] | None:
-    """(classes, window_s, timestamp), or None when the serving process has not written yet."""
+    """(classes, window_s, timestamp), or None when the serving process has not written yet.
+
+    Raises ValueError (saying what is wrong) for a file that is not a valid stats file:
+    unreadable, too large, not JSON, wrong shape, invalid class entries, non-finite numbers.
+    """
     try:
-        doc = json.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATS_BYTES + 1)
     except FileNotFoundError:
         return None
-    classes = [ClassSummary.model_validate(c) for c in doc["classes"]]
-    return classes, float(doc["window_s"]), float(doc["timestamp"])
+    except OSError as exc:
+        raise ValueError(f"stats file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_STATS_BYTES:
+        raise ValueError(f"stats file {path}: larger than {MAX_STATS_BYTES} bytes")
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("classes"), list):
+            raise ValueError("expected an object with a 'classes' list")
+        classes = [ClassSummary.model_validate(c) for c in doc["classes"]]
+        window_s, timestamp = float(doc["window_s"]), float(doc["timestamp"])
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        # pydantic's ValidationError and json's JSONDecodeError are ValueErrors
+        raise ValueError(f"stats file {path}: {str(exc).splitlines()[0][:200]}") from None
+    if not (math.isfinite(window_s) and window_s > 0 and math.isfinite(timestamp)):
+        raise ValueError(f"stats file {path}: window_s / timestamp must be finite (window > 0)")
+    return classes, window_s, timestamp

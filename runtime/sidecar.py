@@ -4,11 +4,16 @@ Three jobs, one loop:
   * calibration — collect this node's artifact (model + GPU + driver) from the artifact
     directory; the pod's init container ran `horizonserve calibrate` into it (modes auto and
     force; with skip the configured ladder is used);
-  * metrics — serve /metrics (prometheus) and /healthz;
+  * metrics — serve the pod's one /metrics (and /healthz) on FastAPI/uvicorn: the serving
+    process's own /metrics (the reference server's, or vLLM's with its `vllm:` families),
+    relayed, followed by the sidecar's families; `horizonserve:serving_scrape_up` says whether
+    the relay worked;
   * summary — every `--interval` seconds build a NodeSummary from the serving process's stats
     file and publish it as the pod annotation the operator aggregates.
-Publishing failures are logged and carried in the next summary's `errors`; the loop never dies
-of them. Configuration comes from the environment the operator sets (names in runtime.config).
+Bad input never ends the process: a malformed stats file, a broken artifact, an API server
+away or a failing relay are logged and carried in the next summary's `errors`. Configuration
+comes from the environment the operator sets (names in runtime.config and below); the bind
+address is explicit (`--host` / $HORIZONSERVE_METRICS_HOST, default 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import logging
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
@@ -31,6 +37,12 @@ from horizonserve.runtime.calibrate.store import GpuInfo, detect_gpu, find_artif
 from horizonserve.runtime.node_stats import read_stats, stats_path
 
 log = logging.getLogger("horizonserve.sidecar")
+
+METRICS_HOST_ENV = "HORIZONSERVE_METRICS_HOST"  # the sidecar's bind address
+SERVING_METRICS_URL_ENV = "HORIZONSERVE_SERVING_METRICS_URL"  # what /metrics relays
+DEFAULT_SERVING_METRICS_URL = "http://127.0.0.1:8000/metrics"
+RELAY_TIMEOUT_S = 2.0
+RELAY_MAX_BYTES = 8 << 20
 
 
 class Publisher(Protocol):
@@ -86,24 +98,37 @@ class Sidecar:
     calibration: CalibrationState = field(default_factory=CalibrationState)
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=5))
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    serving_metrics_url: str | None = None  # relayed in front of our families on /metrics
 
     def __post_init__(self) -> None:
+        model = ["model_name"]
+        self._model = self.serving.model
         self._attainment = Gauge(
-            "horizonserve_node_slo_attainment_ratio",
-            "SLO attainment per class over the summary window, as published.",
-            ["request_class"],
+            "horizonserve:node_slo_attainment_ratio",
+            "SLO attainment per class over the summary window, as published (absent for a "
+            "class without first responses in the window).",
+            ["model_name", "request_class"],
             registry=self.registry,
         )
         self._calibrated = Gauge(
-            "horizonserve_calibrated",
+            "horizonserve:calibrated",
             "1 when a calibration artifact is loaded.",
+            model,
             registry=self.registry,
         )
         self._published = Gauge(
-            "horizonserve_summary_published_timestamp_seconds",
+            "horizonserve:summary_published_timestamp_seconds",
             "Unix time of the last successful summary publication.",
+            model,
             registry=self.registry,
         )
+        self._scrape_up = Gauge(
+            "horizonserve:serving_scrape_up",
+            "1 when the last relay of the serving process's /metrics worked.",
+            model,
+            registry=self.registry,
+        )
+        self._attained: set[str] = set()
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self) -> CalibrationState:
@@ -127,19 +152,26 @@ class Sidecar:
         if state.error:
             self._error(state.error)
         self.calibration = state
-        self._calibrated.set(1 if state.artifact else 0)
+        self._calibrated.labels(self._model).set(1 if state.artifact else 0)
         return state
 
     def _load(self, path: Path) -> CalibrationState:
         from horizonserve.runtime.calibrate.artifact import load_artifact
 
-        art = load_artifact(path)
-        entry = art.pipeline(self.serving.pipeline)
-        return CalibrationState(path, art.key(self.serving.pipeline), entry.ladder)
+        try:
+            art = load_artifact(path)
+            entry = art.pipeline(self.serving.pipeline)
+            return CalibrationState(path, art.key(self.serving.pipeline), entry.ladder)
+        except Exception as exc:  # a broken artifact file: report it, use the configured ladder
+            return CalibrationState(error=f"calibration artifact {path} is unusable: {exc}")
 
     # -- summary -------------------------------------------------------------------------------
     def summary(self, unix_now: float) -> cfg.NodeSummary:
-        stats = read_stats(self.stats_file)
+        try:
+            stats = read_stats(self.stats_file)
+        except ValueError as exc:  # a malformed file: an empty summary that says why
+            self._error(str(exc))
+            stats = None
         classes, window_s = ([], 300.0) if stats is None else stats[:2]
         return cfg.NodeSummary(
             node=self.node,
@@ -156,13 +188,17 @@ class Sidecar:
 
     def publish_once(self, unix_now: float) -> cfg.NodeSummary:
         summary = self.summary(unix_now)
+        attained = {c.name for c in summary.classes if c.requests}
         for c in summary.classes:
             if c.requests:
-                self._attainment.labels(c.name).set(c.met / c.requests)
+                self._attainment.labels(self._model, c.name).set(c.met / c.requests)
+        for gone in self._attained - attained:  # the class's window emptied
+            self._attainment.remove(self._model, gone)
+        self._attained = attained
         if self.publisher is not None:
             try:
                 self.publisher.publish(summary)
-                self._published.set(unix_now)
+                self._published.labels(self._model).set(unix_now)
             except Exception as exc:  # API server away, RBAC: keep going, report next time
                 self._error(f"publishing the node summary failed: {exc}")
         return summary
@@ -172,30 +208,91 @@ class Sidecar:
         self.errors.append(message)
 
     # -- HTTP ----------------------------------------------------------------------------------
-    def serve_http(self, port: int) -> ThreadingHTTPServer:
-        registry = self.registry
+    def relay(self) -> bytes:
+        """The serving process's /metrics text (empty when there is none or it failed)."""
+        if not self.serving_metrics_url:
+            return b""
+        try:
+            with urllib.request.urlopen(self.serving_metrics_url, timeout=RELAY_TIMEOUT_S) as r:
+                body = r.read(RELAY_MAX_BYTES + 1)
+            if len(body) > RELAY_MAX_BYTES:
+                raise ValueError(f"larger than {RELAY_MAX_BYTES} bytes")
+        except (OSError, ValueError, urllib.error.URLError) as exc:
+            self._scrape_up.labels(self._model).set(0)
+            log.debug("relay of %s failed: %s", self.serving_metrics_url, exc)
+            return b""
+        self._scrape_up.labels(self._model).set(1)
+        return body if body.endswith(b"\n") or not body else body + b"\n"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-                elif self.path == "/healthz":
-                    body, ctype = b"ok\n", "text/plain"
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def metrics_text(self) -> bytes:
+        """The pod's /metrics: the serving process's families, then the sidecar's."""
+        relayed = self.relay()
+        return relayed + generate_latest(self.registry)
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
+    def app(self) -> Any:
+        from fastapi import FastAPI
+        from fastapi.responses import PlainTextResponse, Response
 
-        server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        threading.Thread(target=server.serve_forever, name="sidecar-http", daemon=True).start()
-        return server
+        app = FastAPI(title="HorizonServe sidecar", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/metrics")
+        def metrics() -> Response:
+            return Response(self.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/healthz")
+        def healthz() -> Response:
+            return PlainTextResponse("ok\n")
+
+        return app
+
+    def serve_http(self, port: int, host: str = "127.0.0.1") -> SidecarHttp:
+        """Serve /metrics and /healthz on uvicorn in a thread."""
+        http = SidecarHttp(self.app(), host, port)
+        http.start()
+        return http
+
+
+class SidecarHttp:
+    """uvicorn in a daemon thread (its own loop; the publish loop keeps the main thread)."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import socket
+
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        config = uvicorn.Config(
+            app,
+            backlog=256,
+            limit_concurrency=64,
+            timeout_keep_alive=5,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            server_header=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def shutdown(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
 
 
 def _env(name: str, default: str | None = None) -> str:
@@ -209,6 +306,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between summaries")
     parser.add_argument("--once", action="store_true", help="publish one summary and exit")
     parser.add_argument("--no-publish", action="store_true", help="do not patch the pod")
+    parser.add_argument(
+        "--host",
+        default=None,
+        help=f"bind address of /metrics and /healthz (default ${METRICS_HOST_ENV} or 127.0.0.1;"
+        " in a pod give the pod IP or 0.0.0.0 so Prometheus can scrape it)",
+    )
+    parser.add_argument(
+        "--serving-metrics-url",
+        default=None,
+        help=f"serving process /metrics to relay (default ${SERVING_METRICS_URL_ENV} or "
+        f"{DEFAULT_SERVING_METRICS_URL}; 'none': do not relay)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,12 +341,25 @@ def run(args: argparse.Namespace) -> int:
         stats_file=stats_path(),
         publisher=publisher,
         gpu=detect_gpu(),
+        serving_metrics_url=_relay_url(args.serving_metrics_url),
     )
     if not args.once:
-        sidecar.serve_http(int(_env(cfg.METRICS_PORT_ENV, "9400")))
-    sidecar.calibrate()
+        host = args.host or os.environ.get(METRICS_HOST_ENV) or "127.0.0.1"
+        sidecar.serve_http(int(_env(cfg.METRICS_PORT_ENV, "9400")), host)
+    try:
+        sidecar.calibrate()
+    except Exception as exc:  # never fatal: the configured ladder is used
+        sidecar._error(f"calibration lookup failed: {exc}")
     while True:
-        sidecar.publish_once(time.time())
+        try:
+            sidecar.publish_once(time.time())
+        except Exception as exc:  # bad input never ends the sidecar
+            sidecar._error(f"summary failed: {exc}")
         if args.once:
             return 0
         time.sleep(args.interval)
+
+
+def _relay_url(flag: str | None) -> str | None:
+    url = flag or os.environ.get(SERVING_METRICS_URL_ENV) or DEFAULT_SERVING_METRICS_URL
+    return None if url.lower() == "none" else url

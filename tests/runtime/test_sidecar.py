@@ -66,10 +66,89 @@ def test_summary_carries_stats_and_publishes(tmp_path: Path) -> None:
     assert summary.requests == 1 and summary.met == 1
     assert summary.ladder == config.ladder
     assert cfg.NodeSummary.from_annotation(summary.to_annotation()) == summary
-    value = sc.registry.get_sample_value(
-        "horizonserve_node_slo_attainment_ratio", {"request_class": "audio-out"}
-    )
+    labels = {"model_name": config.model, "request_class": "audio-out"}
+    value = sc.registry.get_sample_value("horizonserve:node_slo_attainment_ratio", labels)
     assert value == 1.0
+    # The class's window empties: its gauge goes away instead of keeping the old value.
+    write_stats(sc.stats_file, class_summaries(rec, config.slo, 1000.0), 300.0, 11.0)
+    sc.publish_once(30.0)
+    assert sc.registry.get_sample_value("horizonserve:node_slo_attainment_ratio", labels) is None
+
+
+_BAD_STATS = [
+    b"",
+    b"{not json",
+    b"[]",
+    b'{"classes": 3, "window_s": 1, "timestamp": 1}',
+    b'{"classes": [{"name": ""}], "window_s": 1, "timestamp": 1}',
+    b'{"classes": [], "window_s": "x", "timestamp": 1}',
+    b'{"classes": [], "window_s": NaN, "timestamp": 1}',
+    b'{"classes": [], "timestamp": 1}',
+    b"\xff\xfe\x00garbage",
+    b"[" * 100_000,
+    b'{"classes": [{"name": "t", "priority": 0, "requests": 1, "met": 5}], '
+    b'"window_s": 1, "timestamp": 1}',
+    b" " * ((1 << 20) + 10),
+]
+
+
+@pytest.mark.parametrize("raw", _BAD_STATS, ids=range(len(_BAD_STATS)))
+def test_malformed_stats_file_is_reported_never_fatal(tmp_path: Path, raw: bytes) -> None:
+    sc = _sidecar(tmp_path)
+    sc.stats_file.write_bytes(raw)
+    with pytest.raises(ValueError, match="stats file"):
+        read_stats(sc.stats_file)
+    summary = sc.publish_once(5.0)  # must not raise
+    assert summary.classes == [] and any("stats file" in e for e in summary.errors)
+
+
+def test_stats_path_that_is_a_directory_is_reported(tmp_path: Path) -> None:
+    sc = _sidecar(tmp_path)
+    sc.stats_file.mkdir()
+    assert any("stats file" in e for e in sc.publish_once(1.0).errors)
+
+
+def test_broken_artifact_is_reported_not_fatal(tmp_path: Path) -> None:
+    art = load_artifact()
+    pipeline = next(iter(art.pipelines))
+    entry = art.pipelines[pipeline]
+    d = tmp_path / "artifacts"
+    d.mkdir()
+    sc = _sidecar(tmp_path, gpu=GpuInfo(art.gpu.name, art.gpu.driver))
+    state = sc._load(d / "missing.json")
+    assert state.artifact is None and "unusable" in (state.error or "")
+    assert entry.ladder is not None
+
+
+def test_one_metrics_endpoint_relays_the_serving_process(tmp_path: Path) -> None:
+    import httpx
+    from prometheus_client import start_http_server
+
+    serving = MetricsRecorder(model_name="m")
+    serving.first_response_at(1.0, "text", 0.1, 0.5)
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=serving.registry)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        sc = _sidecar(tmp_path, serving_metrics_url=url)
+        http = sc.serve_http(0, "127.0.0.1")
+        try:
+            r = httpx.get(f"http://127.0.0.1:{http.port}/metrics", timeout=10)
+            assert r.status_code == 200
+            assert (
+                'horizonserve:first_responses_total{model_name="m",request_class="text"} 1.0'
+                in r.text
+            )
+            assert "horizonserve:serving_scrape_up{" in r.text and "} 1.0" in r.text
+            assert r.text.count("# TYPE horizonserve:serving_scrape_up gauge") == 1
+            assert httpx.get(f"http://127.0.0.1:{http.port}/healthz", timeout=5).text == "ok\n"
+        finally:
+            http.shutdown()
+    finally:
+        server.shutdown()
+    # The serving process is gone: /metrics still answers, saying the relay failed.
+    text = sc.metrics_text().decode()
+    assert "horizonserve:first_responses_total" not in text
+    assert "horizonserve:serving_scrape_up{" in text and "} 0.0" in text
 
 
 def test_no_gpu_is_reported_not_fatal(tmp_path: Path) -> None:

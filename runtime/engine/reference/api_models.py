@@ -119,8 +119,13 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str) -> float:
-    raise ApiError(400, "body", f"{name} is not a JSON number; give a finite number")
+class _NonFinite:
+    """What NaN / Infinity / -Infinity parse to: the field they stand in is named later."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -132,15 +137,15 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ApiError(400, "body", "not UTF-8") from None
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_NonFinite)
     except ApiError:
         raise
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "body", f"not valid JSON ({str(exc)[:80]})") from None
     if not isinstance(doc, dict):
         raise ApiError(400, "body", "must be a JSON object")
-    for key, value in doc.items():  # 1e400 parses as inf: say so before pydantic does
-        if isinstance(value, float) and not math.isfinite(value):
+    for key, value in doc.items():  # NaN, Infinity, 1e400 (parses as inf): name the field
+        if isinstance(value, _NonFinite) or (isinstance(value, float) and not math.isfinite(value)):
             raise ApiError(400, str(key)[:64], "must be a finite number")
     return doc
 
