@@ -142,6 +142,7 @@ def hs_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable
     for name in (
         settings.CONFIG_FILE_ENV,
         settings.PIPELINE_ENV,
+        settings.POLICY_ENV,
         settings.RESOLVED_CONFIG_ENV,
         settings.MARGIN_ENV,
         settings.ARTIFACT_ENV,

@@ -12,6 +12,9 @@ Precedence of the ServingConfig:
   2. `HORIZONSERVE_CONFIG_FILE` (path to the same JSON), else
   3. the shipped pipeline definition (`HORIZONSERVE_PIPELINE`, or the model's HF model_type)
      with the default SM ladder;
+`HORIZONSERVE_POLICY` (one of `runtime.config.PolicyName`: horizon, fcfs, edf, priority and
+the ablations), when set, replaces the config's policy — the one switch between HorizonServe
+and the baselines, e.g. `priority`: vLLM's own priority scheduler on the API priority code;
 then the node's calibration artifact, when one is found, replaces the measured parts:
 per-class solo p95 (so the SLO targets), B_sat, and the ladder unless the config pins one
 (a ladder different from `default_ladder(total)`). The artifact is `HORIZONSERVE_CALIBRATION_
@@ -34,6 +37,7 @@ from horizonserve.runtime.config import (
     SERVING_CONFIG_ENV,
     CalibrationMode,
     ControlParams,
+    PolicyName,
     ServingConfig,
     SloTable,
     default_ladder,
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 ENABLE_ENV = "HORIZONSERVE_VLLM"  # "1" on, "0" off (wins over a present config)
 CONFIG_FILE_ENV = "HORIZONSERVE_CONFIG_FILE"  # ServingConfig JSON file
 PIPELINE_ENV = "HORIZONSERVE_PIPELINE"  # qwen2_5_omni | mimo_audio | bagel (no config given)
+POLICY_ENV = "HORIZONSERVE_POLICY"  # overrides ServingConfig.policy (baselines, ablations)
 ARTIFACT_ENV = "HORIZONSERVE_CALIBRATION_ARTIFACT"  # one calibration artifact file
 RESOLVED_CONFIG_ENV = "HORIZONSERVE_VLLM_RESOLVED_CONFIG"  # internal: root → children
 RUN_ENV = "HORIZONSERVE_VLLM_RUN"  # internal: names this server's shared-memory files
@@ -193,6 +198,20 @@ def base_config(hint: str | None = None, env: Mapping[str, str] | None = None) -
     )
 
 
+def with_policy(config: ServingConfig, env: Mapping[str, str] | None = None) -> ServingConfig:
+    """`config` under the policy `HORIZONSERVE_POLICY` names, when it is set."""
+    env = os.environ if env is None else env
+    raw = (env.get(POLICY_ENV) or "").strip()
+    if not raw:
+        return config
+    try:
+        policy = PolicyName(raw.lower())
+    except ValueError:
+        choices = ", ".join(p.value for p in PolicyName)
+        raise PluginConfigError(f"{POLICY_ENV}={raw!r}: choose one of {choices}") from None
+    return config.model_copy(update={"policy": policy})
+
+
 def apply_calibration(config: ServingConfig, artifact: object) -> ServingConfig:
     """Measured solo p95 (→ SLO targets), B_sat and (unless pinned) the ladder of an artifact."""
     from horizonserve.runtime.calibrate.artifact import CalibrationArtifact
@@ -249,7 +268,7 @@ def resolve_config(hint: str | None = None, env: Mapping[str, str] | None = None
     resolved = env.get(RESOLVED_CONFIG_ENV)
     if resolved:
         return ServingConfig.model_validate_json(resolved)
-    config = base_config(hint, env)
+    config = with_policy(base_config(hint, env), env)
     path = find_calibration(config, env)
     if path is not None:
         from horizonserve.runtime.calibrate.artifact import load_artifact
