@@ -265,8 +265,6 @@ def test_first_response_is_recorded_per_class_and_reaches_the_stats_file(api):
         ({}, {}, ["text"], ("text", 0)),
         ({"priority": 0}, {}, ["text", "audio"], ("text", 0)),  # explicit body field
         ({}, {"X-Vllm-Priority": "10"}, ["text"], ("speech", 10)),  # header
-        ({"priority": 5}, {}, ["text"], ("text", 0)),  # unknown code: by modality
-        ({}, {}, ["image"], ("text", 0)),  # no image class in this pipeline: first class
     ],
 )
 def test_class_from_priority_or_modality(api, fields, headers, modalities, expected):
@@ -289,6 +287,64 @@ def test_class_from_priority_or_modality(api, fields, headers, modalities, expec
     asyncio.run(Chat(omni).create_chat_completion(_chat_request(**fields), raw))
     stamp = stamp_of_params(engine.calls[0]["sampling_params_list"][0])
     assert (stamp.class_name, stamp.priority) == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "headers", "modalities", "field"),
+    [
+        ({"priority": 5}, {}, ["text"], "priority"),  # not a configured code
+        ({}, {"X-Vllm-Priority": "\uff12\uff10"}, ["text"], "X-Vllm-Priority"),  # "２０"
+        ({}, {"X-Vllm-Priority": " 20 "}, ["text"], "X-Vllm-Priority"),
+        ({}, {"X-Vllm-Priority": "1_0"}, ["text"], "X-Vllm-Priority"),
+        ({}, {"X-Vllm-Priority": "7"}, ["text"], "priority"),
+        ({}, {}, ["smell"], "modalities"),
+        ({}, {}, ["image"], "modalities"),  # no image class in this pipeline
+    ],
+)
+def test_unknown_priority_or_modality_is_a_400(api, fields, headers, modalities, field):
+    from horizonserve.runtime.engine.vllm_omni.api import ApiRequestError, wrap_chat
+
+    engine = StubEngine()
+    omni = StubOmni(engine, [])
+    answers: list[tuple[str, int, str]] = []
+
+    class Chat(StubChat):
+        def create_error_response(self, message, status_code=400, param=None):
+            answers.append((message, int(status_code), param))
+            return "error-response"
+
+        async def create_chat_completion(self, request, raw_request=None):
+            gen = self.engine_client.generate(
+                prompt="hi", request_id="r", output_modalities=modalities
+            )
+            return [o async for o in gen]
+
+    Chat.create_chat_completion = wrap_chat(Chat.create_chat_completion)
+    raw = SimpleNamespace(headers=headers)
+    out = asyncio.run(Chat(omni).create_chat_completion(_chat_request(**fields), raw))
+    assert out == "error-response" and not engine.calls  # nothing reached the engine
+    assert len(answers) == 1
+    message, status, param = answers[0]
+    assert status == 400 and param == field and message.startswith(f"{field}: ")
+    with pytest.raises(ApiRequestError):  # without vLLM's error helper the error surfaces
+        bare = StubChat(omni)
+        bare.create_chat_completion = wrap_chat(Chat.create_chat_completion.__wrapped__)
+        asyncio.run(bare.create_chat_completion(bare, _chat_request(**fields), raw))
+
+
+def test_request_ids_that_are_not_utf8_are_stamped(api):
+    from horizonserve.runtime.engine.vllm_omni.stamps import stamp_of_params
+
+    engine = StubEngine()
+    omni = StubOmni(engine, [])
+    rid = b"req-\xff\xfe".decode("utf-8", "surrogateescape")
+
+    async def run() -> None:
+        async for _ in omni.generate("hi", request_id=rid, priority=10):
+            pass
+
+    asyncio.run(run())
+    assert stamp_of_params(engine.calls[0]["sampling_params_list"][0]).class_name == "speech"
 
 
 def test_generate_priority_argument_and_engine_defaults(api):

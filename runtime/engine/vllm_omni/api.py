@@ -16,6 +16,12 @@ downstream stage's request with a fresh arrival time. Three wrappers fix that:
   code, else by output modality: text 0, audio 10, image 20), stamps class, original arrival
   and deadline into every stage's `SamplingParams.extra_args`, passes the priority on to stage
   0, and records the request in the shared request table (for stages without `extra_args`).
+
+Parsing is strict: a priority header must be plain ASCII digits ("20", "-5"; not "２０",
+" 20 " or "1_0"), an explicit priority must be a configured class code, and output modalities
+must be known ones; anything else is an `ApiRequestError` (HTTP 400 from the chat endpoint,
+naming the field) instead of a silent default class. Request ids of any str (also ones with
+surrogates from non-UTF-8 bytes) are accepted by the request table.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import contextvars
 import functools
 import inspect
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from horizonserve.runtime.config import Metric, ServingConfig
@@ -42,13 +50,54 @@ from horizonserve.runtime.engine.vllm_omni.stamps import (
     with_stamp,
 )
 from horizonserve.runtime.metrics import MetricsRecorder
-from horizonserve.runtime.monitor import RequestTable, TableFullError
+from horizonserve.runtime.monitor import RequestTable, TableBusyError, TableFullError
 from horizonserve.runtime.node_stats import class_summaries, stats_path, write_stats
 
 log = logging.getLogger(__name__)
 
 PRIORITY_HEADER = "X-Vllm-Priority"
 WRAPPED = "__horizonserve_wrapped__"
+KNOWN_MODALITIES = frozenset({"text", "audio", "image"})
+_PRIORITY_TEXT = re.compile(r"-?[0-9]{1,9}")  # ASCII only: re's [0-9] is not \d
+
+
+class ApiRequestError(ValueError):
+    """A request the API refuses (400): `field` names what to fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_priority(raw: str) -> int:
+    """A priority header's value as an int; ApiRequestError unless plain ASCII digits."""
+    if not isinstance(raw, str) or not _PRIORITY_TEXT.fullmatch(raw):
+        raise ApiRequestError(
+            PRIORITY_HEADER, f"{raw!r} is not an integer code (ASCII digits, e.g. 0, 10, 20)"
+        )
+    return int(raw)
+
+
+def check_priority(slo: Any, priority: int | None) -> None:
+    """ApiRequestError when an explicit priority is not a configured class code."""
+    if priority is not None and not known_priority(slo, priority):
+        codes = sorted(int(c.priority) for c in slo.classes)
+        raise ApiRequestError("priority", f"unknown code {priority}; this server serves {codes}")
+
+
+def check_modalities(modalities: Any) -> list[str] | None:
+    """The requested output modalities; ApiRequestError for anything unknown."""
+    if modalities is None:
+        return None
+    if isinstance(modalities, str) or not isinstance(modalities, list | tuple | set | frozenset):
+        raise ApiRequestError("modalities", 'give a list such as ["text", "audio"]')
+    mods = list(modalities)
+    unknown = [m for m in mods if not isinstance(m, str) or m not in KNOWN_MODALITIES]
+    if unknown:
+        raise ApiRequestError(
+            "modalities", f"unknown {unknown!r}; known: {sorted(KNOWN_MODALITIES)}"
+        )
+    return mods
 
 
 @dataclass(slots=True)
@@ -102,16 +151,23 @@ class ApiState:
     def stamp(
         self, rid: str, priority: int | None, modalities: Iterable[str] | None, arrival: Any
     ) -> Stamp:
-        if not known_priority(self.slo, priority):
-            priority = priority_for_modalities(modalities)
+        """Class, arrival and deadline of a request; ApiRequestError for an unknown priority
+        code, unknown modalities, or modalities no configured class serves."""
+        check_priority(self.slo, priority)
+        if priority is None:
+            mods = check_modalities(list(modalities) if modalities is not None else None)
+            priority = priority_for_modalities(mods)
             if not known_priority(self.slo, priority):  # e.g. images asked of a speech model
-                priority = self.slo.classes[0].priority
+                served = sorted(c.name for c in self.slo.classes)
+                raise ApiRequestError(
+                    "modalities", f"{mods!r}: no class of this server produces them ({served})"
+                )
         arrival_ns = monotonic_from_wall(arrival)
         stamp = make_stamp(self.slo, rid, priority, arrival_ns)
         if self.table is not None:
             try:
                 self.table.insert(rid, stamp.priority, stamp.arrival_ns, stamp.deadline_ns)
-            except TableFullError as exc:
+            except (TableFullError, TableBusyError) as exc:
                 if not self._table_full_logged:
                     self._table_full_logged = True
                     log.warning("HorizonServe: %s (stamps still travel in extra_args)", exc)
@@ -119,7 +175,10 @@ class ApiState:
 
     def forget(self, rid: str) -> None:
         if self.table is not None:
-            self.table.delete(rid)
+            try:
+                self.table.delete(rid)
+            except TableBusyError as exc:  # a stuck writer elsewhere: the entry stays, no crash
+                log.warning("HorizonServe: %s", exc)
 
     # -- first responses -----------------------------------------------------------------------
     def output_type_for(self, stamp: Stamp) -> str:
@@ -189,10 +248,11 @@ def api_state() -> ApiState:
         if _state is None:
             from prometheus_client import REGISTRY
 
+            config = resolve_config()
             _state = ApiState(
-                resolve_config(),
+                config,
                 table=shared.request_table(),
-                recorder=MetricsRecorder(registry=REGISTRY),
+                recorder=MetricsRecorder(registry=REGISTRY, model_name=config.model),
                 knobs=Knobs.from_env(),
                 stats_file=stats_path(),
             )
@@ -210,20 +270,36 @@ def set_api_state(state: ApiState | None) -> None:
 
 
 def explicit_priority(request: Any, raw_request: Any = None) -> int | None:
-    """The priority a chat request asked for: header, else the body field if the client set it."""
+    """The priority a chat request asked for: header, else the body field if the client set it.
+
+    Raises ApiRequestError for a header that is not plain ASCII digits or a body field that
+    is not an integer.
+    """
     headers = getattr(raw_request, "headers", None)
     if headers is not None:
         raw = headers.get(PRIORITY_HEADER)
         if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                pass
+            return parse_priority(raw)
     fields_set = getattr(request, "model_fields_set", None) or ()
     if "priority" in fields_set:
         value = getattr(request, "priority", None)
-        return int(value) if value is not None else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiRequestError("priority", f"{value!r} is not an integer code")
+        return value
     return None
+
+
+def _bad_request(serving: Any, err: ApiRequestError) -> Any:
+    """vLLM's 400 ErrorResponse when the serving object makes one, else the error itself."""
+    make = getattr(serving, "create_error_response", None)
+    if make is None:
+        raise err
+    try:
+        return make(str(err), status_code=HTTPStatus.BAD_REQUEST, param=err.field)
+    except TypeError:  # an older signature without `param`
+        return make(str(err))
 
 
 def wrap_chat(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -233,9 +309,17 @@ def wrap_chat(orig: Callable[..., Any]) -> Callable[..., Any]:
     async def create_chat_completion(
         self: Any, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any
     ) -> Any:
-        token = _API_PRIORITY.set(explicit_priority(request, raw_request))
+        try:
+            priority = explicit_priority(request, raw_request)
+            check_priority(api_state().slo, priority)
+            check_modalities(getattr(request, "modalities", None))
+        except ApiRequestError as err:
+            return _bad_request(self, err)
+        token = _API_PRIORITY.set(priority)
         try:
             return await orig(self, request, raw_request, *args, **kwargs)
+        except ApiRequestError as err:  # raised where the engine stamps the request
+            return _bad_request(self, err)
         finally:
             _API_PRIORITY.reset(token)
 
