@@ -52,8 +52,13 @@ def test_crd_schema_check_catches_mistakes() -> None:
         "shmSize": "lots",
     }
     errs = "\n".join(crd_errors(crd, {**obj, "spec": bad_spec}))
-    for field in ("nodeSelecter", "spec.pipeline", "spec.slo.multiplier", "spec.shmSize"):
+    for field in ("spec.pipeline", "spec.slo.multiplier", "spec.shmSize"):
         assert field in errs, errs
+    # Unknown fields are kept by the schema (not pruned) and refused by the webhook.
+    from horizonserve.operator.webhook import refusal
+
+    typo = {**obj["spec"], "nodeSelecter": {"a": "b"}}
+    assert (refusal(typo, "img:1") or "").startswith("spec.nodeSelecter: unknown field")
     assert crd_errors(crd, {**obj, "apiVersion": "horizonserve.io/v1"})
     assert crd_errors(crd, {**obj, "metadata": {"name": "Not_A_Name"}})
 

@@ -72,19 +72,26 @@ MONITORING_KINDS = {"PodMonitor", "ServiceMonitor"}
 V = ["get", "list", "watch"]
 # The operator's RBAC contract: (apiGroup, resource) -> verbs.
 NAMESPACED_RULES = {
-    ("horizonserve.io", "omniservices"): {"get", "list", "watch", "patch"},
-    ("horizonserve.io", "omniservices/status"): {"get", "patch", "update"},
-    ("", "pods"): {*V, "create", "delete", "patch"},
-    ("", "serviceaccounts"): {*V, "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {*V, "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {*V, "create", "patch", "delete"},
-    ("", "events"): {"create", "patch"},
+    ("horizonserve.io", "omniservices"): {"list", "watch", "patch"},
+    ("horizonserve.io", "omniservices/status"): {"patch"},
+    ("", "pods"): {*V, "create", "delete"},
+    ("", "configmaps"): {"list", "watch", "create", "delete", "patch"},
+    ("", "services"): {"create", "patch", "delete"},
+    ("", "serviceaccounts"): {"create", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "delete"},
+    ("", "events"): {"create"},
 }
 CLUSTER_SCOPED_RULES = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): set(V),
-    ("", "nodes"): set(V),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "nodes"): {"list", "watch"},
 }
-NAMESPACED_MODE_ONLY_RULES = {("", "namespaces"): set(V)}
+# Namespaced mode: the finalizer cleanup of OmniServices outside the namespace (cleanup.py).
+NAMESPACED_MODE_ONLY_RULES = {("horizonserve.io", "omniservices"): {"list", "patch"}}
+WEBHOOK_ENV = {
+    "HORIZONSERVE_WEBHOOK_CERT_DIR": "/etc/horizonserve/webhook",
+    "HORIZONSERVE_WEBHOOK_PORT": "9443",
+}
 
 
 def rule_map(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -95,6 +102,14 @@ def rule_map(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
             for resource in rule["resources"]:
                 out.setdefault((group, resource), set()).update(rule["verbs"])
     return out
+
+
+def service(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (svc,) = [
+        d for d in find(docs, "Service")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]  # fmt: skip
+    return svc
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -140,7 +155,10 @@ def test_rendered_objects_validate_strictly(
 def test_default_render_objects(helm_bin: str) -> None:
     docs = template(helm_bin, include_crds=True)
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    expected = [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount",
+        "NetworkPolicy", "Secret", "Service", "ValidatingWebhookConfiguration",
+    ]  # fmt: skip
     if (CHART_CRDS / CRD_FILE).exists():
         expected.append("CustomResourceDefinition")
     assert kinds == sorted(expected)
@@ -154,7 +172,7 @@ def test_default_render_objects(helm_bin: str) -> None:
         assert labels["app.kubernetes.io/version"] == "0.1.0"
         assert labels["app.kubernetes.io/part-of"] == "horizonserve"
         assert labels["helm.sh/chart"] == "horizonserve-0.1.0"
-        if d["kind"] in ("ServiceAccount", "Deployment"):
+        if d["kind"] in ("ServiceAccount", "Deployment", "Secret", "Service"):
             assert d["metadata"]["namespace"] == DEFAULT_NAMESPACE
 
 
@@ -194,18 +212,75 @@ def test_deployment_runs_one_operator_safely(helm_bin: str) -> None:
 
     probe = c["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
-    (port,) = c["ports"]
-    assert port == {"name": "health", "containerPort": 8080, "protocol": "TCP"}
+    assert c["ports"] == [
+        {"name": "health", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "webhook", "containerPort": 9443, "protocol": "TCP"},
+    ]
     # With a read-only root filesystem, /tmp is the only writable place.
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert mounts == {"/tmp": "tmp"}
+    assert mounts == {"/tmp": "tmp", "/etc/horizonserve/webhook": "webhook-tls"}
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
 
     assert env_of(c) == {
         "HORIZONSERVE_NAMESPACE": "",
         "HORIZONSERVE_SERVING_IMAGE": "ghcr.io/horizonserve/horizonserve-serving:0.1.0",
         "HORIZONSERVE_LOG_LEVEL": "INFO",
+        **WEBHOOK_ENV,
     }
+
+
+def test_webhook_is_wired_to_the_operator_with_the_generated_certificate(helm_bin: str) -> None:
+    import base64
+    import ssl
+    import tempfile
+
+    docs = template(helm_bin)
+    (config,) = find(docs, "ValidatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["rules"][0]["resources"] == ["omniservices"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    client = hook["clientConfig"]
+    svc = service(docs, "operator")
+    assert client["service"]["name"] == svc["metadata"]["name"]
+    assert client["service"]["path"] == "/validate-omniservice"
+    assert svc["spec"]["ports"][0]["targetPort"] == "webhook"
+    secret = one(docs, "Secret")
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-tls", "secret": {"secretName": secret["metadata"]["name"],
+                                              "defaultMode": 0o440}} in volumes  # fmt: skip
+    # The certificate verifies against the CA bundle for the Service's DNS name.
+    with tempfile.TemporaryDirectory() as tmp:
+        ca = Path(tmp) / "ca.crt"
+        ca.write_bytes(base64.b64decode(client["caBundle"]))
+        cert = Path(tmp) / "tls.crt"
+        cert.write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+        key = Path(tmp) / "tls.key"
+        key.write_bytes(base64.b64decode(secret["data"]["tls.key"]))
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(cert, key)  # the key matches the certificate
+        res = subprocess.run(
+            ["openssl", "verify", "-CAfile", str(ca), str(cert)], capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stderr
+        text = subprocess.run(
+            ["openssl", "x509", "-noout", "-text", "-in", str(cert)], capture_output=True,
+            text=True, check=True,
+        ).stdout  # fmt: skip
+        assert f"DNS:{svc['metadata']['name']}.{DEFAULT_NAMESPACE}.svc" in text
+    off = template(helm_bin, {"webhook.enabled": False})
+    assert not find(off, "ValidatingWebhookConfiguration") and not find(off, "Secret")
+
+
+def test_network_policies_admit_only_the_ports_in_use(helm_bin: str) -> None:
+    docs = template(helm_bin, VARIANTS["namespaced"])
+    policies = {p["metadata"]["name"]: p for p in find(docs, "NetworkPolicy")}
+    operator = policies["horizonserve"]["spec"]
+    assert [p["port"] for p in operator["ingress"][0]["ports"]] == ["health", "webhook"]
+    serving = policies["horizonserve-serving"]
+    assert serving["metadata"]["namespace"] == "team-a"
+    assert [r["ports"][0]["port"] for r in serving["spec"]["ingress"]] == [8000, 9090]
+    assert not find(template(helm_bin, {"networkPolicy.enabled": False}), "NetworkPolicy")
 
 
 def test_custom_values_reach_the_deployment(helm_bin: str) -> None:
@@ -217,12 +292,16 @@ def test_custom_values_reach_the_deployment(helm_bin: str) -> None:
         "HORIZONSERVE_NAMESPACE": "",
         "HORIZONSERVE_SERVING_IMAGE": "registry.local/horizonserve-serving:dev",
         "HORIZONSERVE_LOG_LEVEL": "DEBUG",
+        **WEBHOOK_ENV,
         "HTTPS_PROXY": "http://proxy:3128",
     }
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
     assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
-    assert pod["metadata"]["annotations"] == {"example.com/a": "b"}
+    assert pod["metadata"]["annotations"] == {
+        "example.com/a": "b",
+        "horizonserve.io/webhook-revision": "1",
+    }
     assert pod["metadata"]["labels"]["team"] == "ml"
 
 
@@ -313,7 +392,10 @@ def test_existing_service_account_and_no_rbac(helm_bin: str) -> None:
     )
     assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "preexisting"
     docs = template(helm_bin, VARIANTS["no-rbac"])
-    assert sorted(d["kind"] for d in docs) == ["Deployment", "ServiceAccount"]
+    assert sorted(d["kind"] for d in docs) == [
+        "Deployment", "NetworkPolicy", "Secret", "Service", "ServiceAccount",
+        "ValidatingWebhookConfiguration",
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------ monitoring
@@ -332,7 +414,7 @@ def test_monitors_select_the_serving_pods(helm_bin: str) -> None:
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pm["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
-    svc = one(docs, "Service")
+    svc = service(docs, "metrics")
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == values_selector
     assert svc["metadata"]["namespace"] == DEFAULT_NAMESPACE
@@ -352,7 +434,7 @@ def test_monitors_in_namespaced_mode(helm_bin: str) -> None:
     pm = one(docs, "PodMonitor")
     assert pm["metadata"]["namespace"] == "monitoring"
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
-    svc = one(docs, "Service")
+    svc = service(docs, "metrics")
     sm = one(docs, "ServiceMonitor")
     assert svc["metadata"]["namespace"] == sm["metadata"]["namespace"] == "team-a"
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -416,7 +498,7 @@ def test_install_yaml_is_the_default_render(helm_bin: str) -> None:
     included, byte for byte (charts/sync-crds.sh writes it)."""
     assert INSTALL_YAML.exists(), "run `bash charts/sync-crds.sh`"
     text = INSTALL_YAML.read_text()
-    rendered = template_text(helm_bin, include_crds=True)
+    rendered = template_text(helm_bin, {"webhook.enabled": False}, include_crds=True)
     assert text.endswith(rendered), (
         "manifests/install.yaml is not the chart's default render: run `bash charts/sync-crds.sh`"
     )

@@ -2,68 +2,83 @@
 The operator's RBAC rules, in two sets:
 
 - "horizonserve.rbac.clusterScopedRules": objects that exist only at cluster scope (nodes,
-  CRDs; namespaces in namespaced mode). Always granted by a ClusterRole.
+  CRDs) and, in namespaced mode, the one cluster-wide OmniService read the finalizer cleanup
+  needs. Always granted by a ClusterRole.
 - "horizonserve.rbac.namespacedRules": objects that live in namespaces (OmniServices, serving
-  pods and their RBAC, events). Granted by the same ClusterRole in cluster-wide mode, or by a
-  Role in operator.watchNamespace in namespaced mode.
+  pods, their ConfigMaps, Services and per-pod RBAC, events). Granted by a Role in
+  operator.watchNamespace in namespaced mode (nothing of it anywhere else), or by the
+  ClusterRole in cluster-wide mode: OmniServices may then live in any namespace, and a Role can
+  only be granted per namespace, so the pod / ServiceAccount / RBAC writes are cluster-wide.
+  That mode grants creating pods, ServiceAccounts, Roles and RoleBindings in every namespace,
+  kube-system included; pick namespaced mode where that is too much.
 
-Least privilege: no wildcards, no `update` where a `patch` does, no `deletecollection`, no
-secrets, no `bind`/`escalate`. The Role the operator creates for serving pods holds only
-`pods get, patch`, which the operator holds itself at the same scope, so the API server's
-escalation check lets it create that Role and its RoleBinding without `escalate`/`bind`.
+Only the verbs the operator uses (tests/helm/test_rbac_audit.py compares these rules with the
+API server's audit log of an end-to-end run). No wildcards, no `get` where the index serves,
+no `update`, no `deletecollection`, no secrets, no `bind`/`escalate`. The Role the operator
+makes for each serving pod holds only `configmaps patch` on that pod's ConfigMap, which the
+operator holds itself at the same scope, so the escalation check lets it create that Role and
+its RoleBinding without `escalate`/`bind`.
 */}}
 
 {{- define "horizonserve.rbac.clusterScopedRules" -}}
-# kopf discovery: the operator looks up the OmniService CRD before it starts watching, and
-# notices when the CRD is installed, upgraded or removed while it runs.
+# kopf: GET .../customresourcedefinitions (list) and its watch, to find the OmniService CRD
+# before watching it and to notice it being upgraded or removed.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-# GPU node index (kopf.index): one serving pod per node that matches an OmniService's node
-# selector and offers an nvidia.com/gpu; read-only, the operator never changes nodes.
+  verbs: ["list", "watch"]
+# The GPU node index (kopf.index): list + watch /api/v1/nodes. Read-only.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if .Values.operator.watchNamespace }}
-# Namespaced mode only: kopf lists and watches namespaces to resolve the namespace it serves
-# (and notices it being created or deleted); without this it retries for about a minute at
-# every start before falling back. In cluster-wide mode kopf never reads namespaces.
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+# Namespaced mode, once at start (operator/cleanup.py): GET /apis/horizonserve.io/v1alpha1/
+# omniservices, and a JSON PATCH removing only horizonserve.io/finalizer from OmniServices
+# outside the watched namespace (left there by an earlier cluster-wide install; their
+# deletion would hang otherwise). The operator changes nothing else outside its namespace.
+- apiGroups: ["horizonserve.io"]
+  resources: ["omniservices"]
+  verbs: ["list", "patch"]
 {{- end }}
 {{- end }}
 
 {{- define "horizonserve.rbac.namespacedRules" -}}
-# The custom resource itself: watch OmniServices, and patch them for kopf's finalizer and its
-# last-handled-configuration annotation. The operator never creates or deletes them.
+# kopf: list + watch OmniServices; PATCH them for its finalizer and its progress and
+# last-handled-configuration annotations. The operator never creates or deletes them.
 - apiGroups: ["horizonserve.io"]
   resources: ["omniservices"]
-  verbs: ["get", "list", "watch", "patch"]
-# OmniService status (status subresource): observedGeneration, conditions, nodes ready /
-# desired, attainment and per-node summaries; kopf's handler progress is stored here as well.
+  verbs: ["list", "watch", "patch"]
+# PATCH .../omniservices/NAME/status: conditions, nodes, attainment, endpoint (status timer).
 - apiGroups: ["horizonserve.io"]
   resources: ["omniservices/status"]
-  verbs: ["get", "patch", "update"]
-# Serving pods: one per matching GPU node, owned by the OmniService (garbage collected with
-# it). create/delete to follow nodes coming and going, patch to adopt and relabel, watch to
-# read the sidecar's summary annotation for the status. `get, patch` are also what the operator
-# grants to the serving pods' own Role (below), and it must hold them to grant them.
+  verbs: ["patch"]
+# Serving pods: list + watch (pod index), POST one per node, DELETE (node gone, rollout,
+# drift); GET only after a create met 409, to tell its own pod from a stranger's.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# The serving pods' identity: a ServiceAccount per OmniService (owned by it, removed with it).
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Each node's ConfigMap (calibration artifacts + summary): list + watch (index), POST empty
+# (the sidecar may only patch it), DELETE when the node leaves. `patch` is not called by the
+# operator: it is held so that it may grant `patch` on that one ConfigMap to the pod's Role.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
+# The Service per OmniService: POST, PATCH (internalTrafficPolicy), DELETE (service.enabled
+# false).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create", "patch", "delete"]
+# Each serving pod's own identity: POST the ServiceAccount, Role and RoleBinding, DELETE them
+# when its node leaves. Owned by the OmniService.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# ... bound by a RoleBinding to a Role that lets the sidecar read and patch its own pod (the
-# per-node summary annotation the operator aggregates into the status). Both owned by the
-# OmniService. Granting them needs no `escalate`/`bind`: see the pods rule above.
+  verbs: ["create", "delete"]
+# (same calls for the pod's Role, which grants only `patch` on its ConfigMap, and RoleBinding)
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# kopf reports handler progress and errors as Kubernetes events on the OmniService.
+  verbs: ["create", "delete"]
+# kopf: POST /api/v1/namespaces/NS/events: Warning Events (InvalidSpec, PodCreationFailed,
+# Conflict, handler errors) on the OmniService.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
