@@ -89,7 +89,8 @@ def test_image_installs_the_distribution_without_gpu_extras(
     dockerfile: list[Instruction],
 ) -> None:
     runs = " ".join(a for ins, a in dockerfile if ins == "RUN")
-    assert re.search(r"pip install (--no-deps )?\.(\s|$)", runs), "the image installs the project itself"
+    installs = re.search(r"pip install (--no-deps )?\.(\s|$)", runs)
+    assert installs, "the image installs the project itself"
     assert "[gpu" not in runs and "vllm" not in runs, "the operator needs no GPU stack"
 
 

@@ -201,7 +201,8 @@ NAMESPACED_RULES = [
     {"apiGroups": ["horizonserve.io"], "resources": ["omniservices"],
      "verbs": ["list", "watch", "patch"]},
     {"apiGroups": ["horizonserve.io"], "resources": ["omniservices/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"],
+     "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"],
      "verbs": ["list", "watch", "create", "delete", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "patch", "delete"]},
@@ -213,7 +214,13 @@ NAMESPACED_RULES = [
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
-def operator_kubeconfig(cluster: Any, ns: str, path: Path) -> Path:
+def operator_kubeconfig(
+    cluster: Any,
+    ns: str,
+    path: Path,
+    cluster_rules: list[dict] | None = None,
+    namespaced_rules: list[dict] | None = None,
+) -> Path:
     """A kubeconfig for ServiceAccount `horizonserve-operator` in `ns`, holding only the
     chart's namespaced-mode RBAC (so a missing permission fails the test)."""
     sa = "horizonserve-operator"
@@ -221,13 +228,14 @@ def operator_kubeconfig(cluster: Any, ns: str, path: Path) -> Path:
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
     for method, url, body in (
         ("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": sa}}),
-        ("POST", f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": CLUSTER_RULES}),
+        ("POST", f"{RBAC}/clusterroles",
+         {"metadata": {"name": name}, "rules": cluster_rules or CLUSTER_RULES}),
         ("POST", f"{RBAC}/clusterrolebindings", {
             "metadata": {"name": name}, "subjects": subject,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                         "name": name}}),
         ("POST", f"{RBAC}/namespaces/{ns}/roles",
-         {"metadata": {"name": sa}, "rules": NAMESPACED_RULES}),
+         {"metadata": {"name": sa}, "rules": namespaced_rules or NAMESPACED_RULES}),
         ("POST", f"{RBAC}/namespaces/{ns}/rolebindings", {
             "metadata": {"name": sa}, "subjects": subject,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}}),
@@ -257,10 +265,16 @@ def operator_kubeconfig(cluster: Any, ns: str, path: Path) -> Path:
 
 @contextlib.contextmanager
 def operator_process(
-    cluster: Any, ns: str, liveness_port: int, log_path: Path, kubeconfig: Path | None = None
+    cluster: Any,
+    ns: str,
+    liveness_port: int,
+    log_path: Path,
+    kubeconfig: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m horizonserve.operator` as a real process (killed on exit if still alive)."""
     env = cluster.env()
+    env.update(extra_env or {})
     if kubeconfig is not None:
         env["KUBECONFIG"] = str(kubeconfig)
     env.update(

@@ -12,7 +12,7 @@ The operator's RBAC rules, in two sets:
   That mode grants creating pods, ServiceAccounts, Roles and RoleBindings in every namespace,
   kube-system included; pick namespaced mode where that is too much.
 
-Only the verbs the operator uses (tests/helm/test_rbac_audit.py compares these rules with the
+Only the verbs the operator uses (tests/k8s/test_trust.py compares these rules with the
 API server's audit log of an end-to-end run). No wildcards, no `get` where the index serves,
 no `update`, no `deletecollection`, no secrets, no `bind`/`escalate`. The Role the operator
 makes for each serving pod holds only `configmaps patch` on that pod's ConfigMap, which the
@@ -21,11 +21,13 @@ its RoleBinding without `escalate`/`bind`.
 */}}
 
 {{- define "horizonserve.rbac.clusterScopedRules" -}}
-# kopf: GET .../customresourcedefinitions (list) and its watch, to find the OmniService CRD
-# before watching it and to notice it being upgraded or removed.
+{{- if not .Values.operator.watchNamespace }}
+# Cluster-wide mode only: kopf lists + watches CRDs to find the OmniService CRD before
+# watching it and to notice it being upgraded or removed (in namespaced mode it does not scan).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- end }}
 # The GPU node index (kopf.index): list + watch /api/v1/nodes. Read-only.
 - apiGroups: [""]
   resources: ["nodes"]
