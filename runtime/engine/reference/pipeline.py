@@ -603,13 +603,13 @@ class Pipeline:
             log.error("control record %s: %s; rewriting it", record.path, problem)
             record.repair_header()
             self.record_repairs += 1
-        now_ns = time.monotonic_ns()
         hang_ns = int(self.options.hang_timeout_s * 1e9)
         for name, slot in self._slots.items():
             if self._stopping:
                 return
             if slot.state == RUNNING:
                 beat, writer = self._beat(name)
+                now_ns = time.monotonic_ns()  # after the read: a stuck group's read takes time
                 fault = stage_fault(
                     exitcode=slot.proc.exitcode,
                     pid=slot.proc.pid,
@@ -887,7 +887,6 @@ class Pipeline:
 
     def health(self) -> dict[str, Any]:
         """Stages, degraded classes, liveness and readiness (see `live` / `ready`)."""
-        now_ns = time.monotonic_ns()
         stages: dict[str, Any] = {}
         for name, slot in self._slots.items():
             p = slot.proc
@@ -900,6 +899,7 @@ class Pipeline:
             }
             if self._record is not None and slot.state == RUNNING:
                 beat = self._beat(name)[0]
+                now_ns = time.monotonic_ns()
                 info["heartbeat_age_s"] = round((now_ns - max(beat, slot.ready_ns)) / 1e9, 3)
             if slot.reason and slot.state != RUNNING:
                 info["reason"] = slot.reason
@@ -917,6 +917,7 @@ class Pipeline:
             "degraded": self.degraded(),
             "stages": stages,
             "errors": self.errors[-5:],
+            "record_repairs": self.record_repairs,
         }
 
     def live(self) -> bool:
@@ -932,11 +933,12 @@ class Pipeline:
             if now - self.supervisor_tick_t > max(2.0, 20 * SUPERVISE_TICK_S):
                 return False
             return not any(s.backoff.exhausted(now) for s in self._slots.values())
-        now_ns, hang_ns = time.monotonic_ns(), int(self.options.hang_timeout_s * 1e9)
+        hang_ns = int(self.options.hang_timeout_s * 1e9)
         for name, slot in self._slots.items():
             if slot.ready_ns == 0:
                 return False
             beat, writer = self._beat(name)
+            now_ns = time.monotonic_ns()
             fault = stage_fault(
                 exitcode=slot.proc.exitcode,
                 pid=slot.proc.pid,

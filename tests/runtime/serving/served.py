@@ -54,7 +54,9 @@ class Served:
         return int(self.proc.returncode)
 
 
-def start_server(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> Served:
+def start_server(
+    tmp: Path, *extra: str, env: dict[str, str] | None = None, warmup: bool = False
+) -> Served:
     shm = tmp / "shm"
     shm.mkdir(parents=True, exist_ok=True)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HORIZONSERVE_API_KEY")}
@@ -65,7 +67,7 @@ def start_server(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> S
     )
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "horizonserve.runtime.cli", "serve", "--device", "cpu"]
-    cmd += ["--preset", "tiny", "--port", "0", "--no-warmup", *extra]
+    cmd += ["--preset", "tiny", "--port", "0", *([] if warmup else ["--no-warmup"]), *extra]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env
     )
