@@ -23,6 +23,7 @@ from horizonserve.runtime.engine.reference.pipeline import (
     PipelineOptions,
 )
 from horizonserve.runtime.engine.reference.presets import PRESETS
+from horizonserve.runtime.engine.reference.supervisor import RestartPolicy
 from horizonserve.runtime.node_stats import class_summaries, stats_path, write_stats
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds without a stage heartbeat before the stage is restarted (default 5)",
     )
+    sup.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=0.5,
+        help="seconds before the first restart of a failed stage; doubles up to 30 (default 0.5)",
+    )
     sup.add_argument("--no-supervise", action="store_true", help="never restart a failed stage")
     parser.add_argument("--max-batch", type=int, help="shared-stage KV slots")
     parser.add_argument("--max-len", type=int, help="shared-stage tokens per slot")
@@ -122,6 +129,7 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
         limits=limits,
         supervise=not args.no_supervise,
         hang_timeout_s=args.hang_timeout,
+        restart=RestartPolicy(initial_s=args.restart_backoff),
         model_name=args.served_model_name or "",
     )
 

@@ -92,7 +92,7 @@ class Load:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # With warm-up, as `serve` runs by default: a restarted stage is ready when it says so.
     tmp = tmp_path_factory.mktemp("chaos")
-    srv = start_server(tmp, "--hang-timeout", str(HANG_S), warmup=True)
+    srv = start_server(tmp, "--hang-timeout", str(HANG_S), "--restart-backoff", "0.2", warmup=True)
     yield srv
     pids = [int(s["pid"]) for s in srv.healthz()["stages"].values()]
     assert srv.stop() == 0
