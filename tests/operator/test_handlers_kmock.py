@@ -14,17 +14,26 @@ import pytest
 import pytest_asyncio
 
 from horizonserve.operator import controller, handlers, settings
-from horizonserve.operator.builders import Owner
+from horizonserve.operator.builders import Owner, calibration_key
 from horizonserve.operator.kube import Kube, KubeError, _resource_of
 from horizonserve.operator.nodes import GpuNode
+from horizonserve.operator.nodestate import node_state
 from horizonserve.operator.pods import pod_state
 
 pytestmark = pytest.mark.asyncio
 
 OWNER = Owner(name="svc", namespace="ns", uid="uid-1")
-SPEC = {"pipeline": "qwen2_5_omni", "backend": "reference"}
+SPEC = {"pipeline": "qwen2_5_omni", "backend": "reference", "allGpuNodes": True}
 PODS = kmock.resource("v1/pods")
+CONFIGMAPS = kmock.resource("v1/configmaps")
 ROLES = kmock.resource("rbac.authorization.k8s.io/v1/roles")
+KEY = calibration_key("Qwen/Qwen2.5-Omni-7B", {})
+
+
+def _body(spec: dict | None = None) -> dict:
+    meta = {"name": "svc", "namespace": "ns", "uid": OWNER.uid, "generation": 1,
+            "creationTimestamp": "2026-01-01T00:00:00Z"}  # fmt: skip
+    return {"metadata": meta, "spec": spec or SPEC}
 
 
 def _nodes(*names: str) -> dict[str, list[GpuNode]]:
@@ -33,7 +42,7 @@ def _nodes(*names: str) -> dict[str, list[GpuNode]]:
 
 @pytest_asyncio.fixture
 async def state(kmock: kmock.KubernetesEmulator) -> Any:
-    for res in ("v1/pods", "v1/serviceaccounts"):
+    for res in ("v1/pods", "v1/serviceaccounts", "v1/configmaps", "v1/services"):
         kmock.resources[res] = {}
     for res in ("roles", "rolebindings"):
         kmock.resources[f"rbac.authorization.k8s.io/v1/{res}"] = {}
@@ -49,8 +58,22 @@ def _index_from_kmock(kmock: kmock.KubernetesEmulator) -> dict[tuple[str, str], 
     for (res, _ns, _name), obj in kmock.objects.items():
         if res == PODS and not obj.deleted:
             raw = obj.raw
-            pods.append(pod_state(raw["metadata"], raw.get("status") or {}))
+            pods.append(pod_state(raw["metadata"], raw.get("status") or {}, raw.get("spec")))
     return {("ns", "svc"): pods}
+
+
+def _states_from_kmock(kmock: kmock.KubernetesEmulator) -> dict[tuple[str, str], list]:
+    """What kopf's ConfigMap index would hold."""
+    states = [
+        node_state(obj.raw["metadata"], obj.raw.get("data"))
+        for (res, _ns, _name), obj in kmock.objects.items()
+        if res == CONFIGMAPS and not obj.deleted
+    ]
+    return {("ns", "svc"): states}
+
+
+def _ix(kmock: kmock.KubernetesEmulator, *nodes: str) -> controller.Indices:
+    return controller.Indices(_nodes(*nodes), _index_from_kmock(kmock), _states_from_kmock(kmock))
 
 
 def _live_pods(kmock: kmock.KubernetesEmulator) -> set[str]:
@@ -63,9 +86,12 @@ async def test_first_pass_creates_rbac_then_one_pod_per_node(kmock, state) -> No
     assert result is not None and sorted(result.create) == ["g1", "g2", "g3"]
     assert _live_pods(kmock) == {"svc-g1", "svc-g2", "svc-g3"}
     kinds = [_resource_of(r.url.path) for r in kmock["post"]]
-    assert kinds[:3] == ["serviceaccounts", "roles", "rolebindings"]  # before any pod
-    role = kmock.objects[ROLES, "ns", "svc-node"].raw
-    assert role["rules"][0]["resourceNames"] == ["svc-g1", "svc-g2", "svc-g3"]
+    first_pod = kinds.index("pods")
+    assert sorted(kinds[:first_pod]) == sorted(
+        ["serviceaccounts", "roles", "rolebindings", "configmaps"] * 3 + ["services"]
+    )  # every node's identity and ConfigMap before any pod
+    role = kmock.objects[ROLES, "ns", f"svc-g1-{KEY}"].raw
+    assert role["rules"][0]["resourceNames"] == [f"svc-g1-{KEY}"]  # its own ConfigMap only
     assert state.kube.requests["POST pods"] == 3
 
 
@@ -82,27 +108,31 @@ async def test_converged_pass_is_silent_and_node_removal_deletes_its_pod(kmock, 
     await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
     for name in ("svc-g1", "svc-g2"):  # the emulator assigns no uids; the API server would
         kmock.objects[PODS, "ns", name].patch({"metadata": {"uid": f"uid-{name}"}})
-    index = _index_from_kmock(kmock)
+    ix = _ix(kmock, "g1", "g2")
     before = len(kmock)
-    assert (await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), index)).empty
+    again = await controller.sync_pods(state, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
+    assert again.empty
     assert len(kmock) == before
-    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), index)
+    result = await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), ix.pods, ix.states)
     assert [p.name for p in result.delete] == ["svc-g2"]
     assert _live_pods(kmock) == {"svc-g1"}
     (delete,) = kmock["delete"]
     assert delete.data["preconditions"] == {"uid": "uid-svc-g2"}  # spares a same-named successor
-    role = kmock.objects[ROLES, "ns", "svc-node"].raw
-    assert role["rules"][0]["resourceNames"] == ["svc-g1"]  # patched to the new set
+    # Once the pod is gone, the node's ConfigMap and identity go too.
+    ix = _ix(kmock, "g1")
+    await controller.sync_pods(state, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
+    gone = sorted(_resource_of(r.url.path) for r in kmock["delete"])
+    assert gone == ["configmaps", "pods", "rolebindings", "roles", "serviceaccounts"]
 
 
 async def test_restart_with_existing_pods_creates_nothing(kmock, state) -> None:
     await controller.sync_pods(state, OWNER, SPEC, _nodes("g1", "g2"), {})
-    index = _index_from_kmock(kmock)
+    ix = _ix(kmock, "g1", "g2")
     fresh = controller.OperatorState(state.config, state.kube)  # a restarted operator
     posts = len(kmock["post"])
-    result = await controller.sync_pods(fresh, OWNER, SPEC, _nodes("g1", "g2"), index)
+    result = await controller.sync_pods(fresh, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
     assert result.empty
-    assert len(kmock["post"]) == posts + 3  # only ensure RBAC (409s): SA, Role, RoleBinding
+    assert len(kmock["post"]) == posts + 1  # only the Service's ensure (a 409)
     assert _live_pods(kmock) == {"svc-g1", "svc-g2"}
 
 
@@ -122,7 +152,7 @@ async def test_pod_name_taken_by_a_stranger_is_reported(kmock, state) -> None:
     await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
     (error,) = state.services[OWNER.uid].errors
     assert "svc-g1 is taken by a pod that this OmniService does not own" in error
-    patch = controller.status_patch(state, OWNER, SPEC, 1, {}, _nodes("g1"), {})
+    patch = controller.status_patch(state, OWNER, _body(), {}, controller.Indices(_nodes("g1"), {}))
     nodes_ready = next(c for c in patch["conditions"] if c["type"] == "NodesReady")
     assert nodes_ready["reason"] == "PodCreationFailed"
 
@@ -147,7 +177,9 @@ async def test_invalid_spec_leaves_pods_alone(kmock, state) -> None:
     bad = {**SPEC, "slo": {"classOverrides": {"poetry": 2}}}
     assert await controller.sync_pods(state, OWNER, bad, _nodes("g1", "g2"), {}) is None
     assert len(kmock) == before
-    patch = controller.status_patch(state, OWNER, bad, 2, {}, _nodes("g1"), {})
+    patch = controller.status_patch(
+        state, OWNER, _body(bad), {}, controller.Indices(_nodes("g1"), {})
+    )
     ready = next(c for c in patch["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidSpec"
     assert ready["message"].startswith("spec.slo.classOverrides.poetry:")
@@ -170,7 +202,7 @@ async def test_kube_error_carries_the_server_message(kmock) -> None:
 
 async def test_reconciler_loop_wakes_on_node_events_and_stops(kmock, state) -> None:
     nodes: dict[str, list[GpuNode]] = {}
-    body = {"metadata": {"name": "svc", "namespace": "ns", "uid": "uid-1"}, "spec": SPEC}
+    body = _body()
 
     class Stop:
         flag = False
@@ -180,7 +212,7 @@ async def test_reconciler_loop_wakes_on_node_events_and_stops(kmock, state) -> N
 
     stop = Stop()
     task = asyncio.create_task(
-        controller.run_reconciler(state, OWNER, body, lambda: (nodes, {}), stop)
+        controller.run_reconciler(state, OWNER, body, lambda: controller.Indices(nodes, {}), stop)
     )
     await asyncio.sleep(0.2)
     assert _live_pods(kmock) == set()
@@ -202,7 +234,8 @@ async def test_handlers_module_registers_the_contract() -> None:
 
     registry = registries.get_default_registry()
     indexers = {h.id for h in registry._indexing.get_all_handlers()}
-    assert {handlers.NODES_INDEX, handlers.PODS_INDEX} <= indexers
+    assert {handlers.NODES_INDEX, handlers.PODS_INDEX, handlers.STATES_INDEX,
+            handlers.CLAIMS_INDEX} <= indexers  # fmt: skip
     spawning = {h.id for h in registry._spawning.get_all_handlers()}
     assert {"reconcile_pods", "aggregate_status"} <= spawning
 
@@ -238,3 +271,39 @@ async def test_settings_configure_and_env() -> None:
     assert settings.OperatorConfig.from_env({}).namespace == ""
     with pytest.raises(ValueError, match="HORIZONSERVE_STATUS_INTERVAL"):
         settings.OperatorConfig.from_env({"HORIZONSERVE_STATUS_INTERVAL": "-1"})
+
+
+async def test_deleting_omniservice_creates_nothing(kmock, state) -> None:
+    meta = {**_body()["metadata"], "deletionTimestamp": "2026-01-01T00:00:01Z"}
+    assert await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {}, meta=meta) is None
+    assert len(kmock["post"]) == 0
+
+
+async def test_invalid_spec_and_pod_refusals_post_events_once(kmock, state) -> None:
+    posted: list[tuple[str, str]] = []
+    state.events = lambda owner, reason, message: posted.append((reason, message))
+    bad = {**SPEC, "slo": {"classOverrides": {"poetry": 2}}}
+    for _ in range(3):
+        await controller.sync_pods(state, OWNER, bad, _nodes("g1"), {})
+    assert [r for r, _ in posted] == ["InvalidSpec"]
+    assert posted[0][1].startswith("spec.slo.classOverrides.poetry:")
+    kmock["post", PODS] << 422 << {"kind": "Status", "message": "runtime class missing"}
+    await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {})
+    assert posted[-1][0] == "PodCreationFailed" and "runtime class missing" in posted[-1][1]
+
+
+async def test_webhook_refuses_with_the_field_and_passes_untouched_specs() -> None:
+    import kopf
+
+    from horizonserve.operator import webhook
+
+    good = {"spec": SPEC}
+    webhook.admit(good, None, None, "img:1")
+    with pytest.raises(kopf.AdmissionError, match=r"^spec\.nodeSelector: empty"):
+        webhook.admit({"spec": {"pipeline": "bagel"}}, None, None, "img:1")
+    huge = {"spec": {**SPEC, "nodeSelector": {"k": "v" * 70_000}}}
+    with pytest.raises(kopf.AdmissionError, match=r"^spec: \d+ bytes exceeds"):
+        webhook.admit(huge, None, None, "img:1")
+    stored_bad = {"spec": {"pipeline": "bagel", "node_selector": {}}}
+    webhook.admit(stored_bad, stored_bad, None, "img:1")  # finalizer removal must pass
+    webhook.admit(stored_bad, None, "status", "img:1")

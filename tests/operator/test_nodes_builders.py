@@ -13,6 +13,7 @@ from horizonserve.operator.translate import translate
 from horizonserve.runtime.config import SERVING_CONFIG_ENV, ServingConfig
 
 from .conftest import DATA
+from .pss import restricted_violations
 
 OWNER = builders.Owner(name="qwen-omni", namespace="serving", uid="1234-uid")
 
@@ -63,17 +64,39 @@ def test_selection_by_labels_taints_and_cordon() -> None:
         _node("c", {"pool": "omni"}, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
         _node("d", {"pool": "omni"}, taints=[{"key": "team", "value": "x", "effect": "NoExecute"}]),
         _node("e", {"pool": "omni"}, unschedulable=True),
+        _node("f", {"pool": "omni"}, taints=[{"key": "maint", "effect": "NoSchedule"}]),
     ]
     selection = select(spec, nodes)
-    assert selection.keep == {"a", "c", "e"}
+    # Untolerated NoSchedule (f): no new pod, a running one stays; NoExecute (d): goes.
+    assert selection.keep == {"a", "c", "e", "f"}
     assert selection.create == {"a", "c"}
     spec2, _ = translate(
         {
             "pipeline": "bagel",
+            "allGpuNodes": True,
             "tolerations": [{"key": "team", "operator": "Equal", "value": "x"}],
         }
     )
-    assert select(spec2, nodes).keep == {"a", "b", "d", "e"}  # gpu taint no longer tolerated
+    sel2 = select(spec2, nodes)
+    assert sel2.keep == {"a", "b", "c", "d", "e", "f"}
+    assert sel2.create == {"a", "b", "d"}  # the gpu taint is no longer tolerated: c stays only
+
+
+def test_no_execute_toleration_seconds_count_from_the_taint() -> None:
+    spec, _ = translate({
+        "pipeline": "bagel", "allGpuNodes": True,
+        "tolerations": [{"key": "flaky", "operator": "Exists", "effect": "NoExecute",
+                         "tolerationSeconds": 60}],
+    })  # fmt: skip
+    added = "2026-01-01T00:00:00Z"
+    t0 = 1767225600.0  # that instant
+    node = _node("n", taints=[{"key": "flaky", "effect": "NoExecute", "timeAdded": added}])
+    assert select(spec, [node], now=t0 + 59).keep == {"n"}
+    assert select(spec, [node], now=t0 + 60).keep == frozenset()
+    # Without timeAdded: from when the operator first saw the taint.
+    bare = _node("m", taints=[{"key": "flaky", "effect": "NoExecute"}])
+    assert select(spec, [bare], now=100.0, since=lambda n, t: 90.0).keep == {"m"}
+    assert select(spec, [bare], now=151.0, since=lambda n, t: 90.0).keep == frozenset()
 
 
 def test_names_are_bounded_and_stable() -> None:
@@ -85,7 +108,7 @@ def test_names_are_bounded_and_stable() -> None:
     other = builders.pod_name("a-rather-long-omniservice-name", "gpu-node-" + "x" * 80 + ".lan")
     assert other != long and other[:40] == long[:40]
     assert builders.label_value("n" * 100)[-9] == "-" and len(builders.label_value("n" * 100)) == 63
-    assert builders.node_account_name("svc") == "svc-node"
+    assert builders.node_state_name("svc", "node-1", "abcd1234") == "svc-node-1-abcd1234"
 
 
 def _pod(spec_overrides: dict | None = None, node: str = "gpu-7") -> dict:
@@ -128,24 +151,32 @@ def test_serving_pod_shape() -> None:
     assert serving["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert serving["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": 1}
     assert "nvidia.com/gpu" not in sidecar["resources"].get("limits", {})
-    assert sidecar["command"] == ["horizonserve", "sidecar"]
+    assert sidecar["command"][:4] == ["python", "-m", "horizonserve.operator.nodeagent", "upload"]
+    assert sidecar["command"][-3:] == ["--", "horizonserve", "sidecar"]
     assert sidecar["image"] == serving["image"] == "registry.example/horizonserve:test"
-    assert serving["command"][:2] == ["horizonserve", "serve"]  # backend: reference
+    # Explicit bind host and port (the contract with the serving side).
+    assert serving["command"] == ["horizonserve", "serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert serving["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert serving["readinessProbe"]["httpGet"]["path"] == "/ready"
+    state = builders.node_state_name("qwen-omni", "gpu-7", builders.calibration_key(
+        "Qwen/Qwen2.5-Omni-7B", {}))  # fmt: skip
     for container in (serving, sidecar):
         assert {"readinessProbe", "livenessProbe"} <= set(container)
         env = {e["name"]: e for e in container["env"]}
         config = ServingConfig.model_validate_json(env[SERVING_CONFIG_ENV]["value"])
         assert config.pipeline == "qwen2_5_omni"
         assert env["HORIZONSERVE_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert env["HORIZONSERVE_SUMMARY_CONFIGMAP"]["value"] == state
         assert {"mountPath": "/dev/shm", "name": "dshm"} in container["volumeMounts"]
     assert "startupProbe" in serving
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
-    assert volumes["artifacts"]["hostPath"]["path"] == "/var/lib/horizonserve"
+    assert not any("hostPath" in v for v in spec["volumes"])
+    assert volumes["stored"]["configMap"] == {"name": state, "optional": True, "defaultMode": 0o444}
     assert spec["runtimeClassName"] == "nvidia"
-    assert spec["serviceAccountName"] == "qwen-omni-node"
+    assert spec["serviceAccountName"] == state
     (init,) = spec["initContainers"]
-    assert init["command"] == [
+    assert init["command"][-8:] == [
         "horizonserve", "calibrate", "--pipeline", "qwen2_5_omni",
         "--mode", "auto", "--out-dir", builders.ARTIFACT_MOUNT,
     ]  # fmt: skip
@@ -156,15 +187,55 @@ def test_serving_pod_shape() -> None:
     json.dumps(pod)  # plain JSON all the way down
 
 
+def test_only_the_sidecar_holds_a_token() -> None:
+    spec = _pod()["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    token = {v["name"]: v for v in spec["volumes"]}["sidecar-token"]["projected"]["sources"]
+    assert token[0]["serviceAccountToken"]["expirationSeconds"] == builders.TOKEN_EXPIRATION_S
+    holders = [
+        c["name"]
+        for c in spec["containers"] + spec["initContainers"]
+        if any(m["name"] == "sidecar-token" for m in c["volumeMounts"])
+    ]
+    assert holders == ["sidecar"]
+    for c in spec["containers"] + spec["initContainers"]:
+        writable = [m["name"] for m in c["volumeMounts"] if not m.get("readOnly")]
+        expected = {"calibrate": ["dshm", "artifacts"]}.get(c["name"], ["dshm"])
+        assert writable == expected, c["name"]  # the sidecar only reads the artifacts
+
+
+def test_built_pod_passes_pod_security_restricted() -> None:
+    for overrides in ({}, {"backend": "vllm-omni", "calibration": {"mode": "skip"}}):
+        pod = _pod(overrides)
+        assert restricted_violations(pod["spec"], pod["metadata"]["annotations"]) == []
+    # The check is not vacuous: what the old pod had fails it.
+    bad = _pod()["spec"]
+    bad["volumes"].append({"name": "h", "hostPath": {"path": "/etc"}})
+    bad["initContainers"][0]["securityContext"]["runAsUser"] = 0
+    bad["initContainers"][0]["securityContext"].pop("runAsNonRoot")
+    bad["containers"][0]["securityContext"]["capabilities"] = {"add": ["SYS_ADMIN"]}
+    found = restricted_violations(bad)
+    assert "volume h: hostPath" in found
+    assert "calibrate: runAsUser 0" in found
+    assert "serving: capabilities must drop ALL" in found
+
+
+def test_api_key_secret_reaches_the_serving_container_only() -> None:
+    pod = _pod({"backend": "vllm-omni", "apiKeySecret": {"name": "keys", "key": "token"}})
+    serving, sidecar = pod["spec"]["containers"]
+    env = {e["name"]: e for e in serving["env"]}
+    ref = {"secretKeyRef": {"name": "keys", "key": "token"}}
+    assert env["HORIZONSERVE_API_KEY"]["valueFrom"] == ref
+    assert env["VLLM_API_KEY"]["valueFrom"] == ref
+    assert "HORIZONSERVE_API_KEY" not in {e["name"] for e in sidecar["env"]}
+
+
 def test_pod_variants() -> None:
-    pod = _pod({"backend": "vllm-omni", "calibration": {"mode": "skip", "persistent": False}})
+    pod = _pod({"backend": "vllm-omni", "calibration": {"mode": "skip"}})
     serving = pod["spec"]["containers"][0]
     assert serving["command"][:4] == ["vllm", "serve", "Qwen/Qwen2.5-Omni-7B", "--omni"]
+    assert serving["readinessProbe"]["httpGet"]["path"] == "/health"  # vLLM has no /ready
     assert "initContainers" not in pod["spec"]
-    assert {v["name"]: v for v in pod["spec"]["volumes"]}["artifacts"] == {
-        "name": "artifacts",
-        "emptyDir": {},
-    }
     no_runtime = _pod({"runtimeClassName": None})
     assert "runtimeClassName" not in no_runtime["spec"]
 
@@ -177,44 +248,67 @@ def test_spec_hash_tracks_what_shapes_the_pod() -> None:
     assert h() == base
     assert h(nodeSelector={"pool": "x"}) == base  # where, not what
     assert h(rollout={"maxUnavailable": 3}) == base
+    assert h(service={"internalTrafficPolicy": "Local"}) == base
     assert h(policy="fcfs") != base
     assert h(image="other:2") != base
     assert h(slo={"multiplier": 4}) != base
 
 
-def test_sidecar_rbac_is_scoped_to_the_serving_pods() -> None:
-    sa = builders.node_service_account(OWNER)
-    role = builders.node_role(OWNER, ["qwen-omni-b", "qwen-omni-a"])
-    binding = builders.node_role_binding(OWNER)
-    assert sa["metadata"]["name"] == role["metadata"]["name"] == "qwen-omni-node"
+def test_gpu_discovery_labels_key_the_calibration() -> None:
+    plain = builders.calibration_key("m", {})
+    h200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/cuda.driver.major": "570"}
+    keyed = builders.calibration_key("m", h200)
+    assert keyed != plain and keyed == builders.calibration_key("m", dict(h200))
+    upgraded = builders.calibration_key("m", {**h200, "nvidia.com/cuda.driver.major": "580"})
+    assert upgraded != keyed  # a driver upgrade: a new ConfigMap, so the pod recalibrates
+    assert builders.calibration_key("other", h200) != keyed
+    assert "GPU NVIDIA-H200" in builders.calibration_for("m", h200)
+
+
+def test_sidecar_rbac_is_its_own_configmap_only() -> None:
+    sa, role, binding, cm = builders.node_objects(OWNER, "gpu-a", "k1", "described")
+    name = "qwen-omni-gpu-a-k1"
+    assert {o["metadata"]["name"] for o in (sa, role, binding, cm)} == {name}
+    assert [o["kind"] for o in (sa, role, binding, cm)] == [
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+    ]  # fmt: skip
     assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "verbs": ["get", "patch"],
-            "resourceNames": ["qwen-omni-a", "qwen-omni-b"],
-        }
-    ]
-    assert builders.node_role(OWNER, [])["rules"] == []  # never "all pods"
-    assert binding["roleRef"]["name"] == "qwen-omni-node"
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "qwen-omni-node", "namespace": "serving"}
-    ]
-    for obj in (sa, role, binding):
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
+         "resourceNames": [name]}
+    ]  # fmt: skip
+    assert sa["automountServiceAccountToken"] is False
+    assert binding["roleRef"]["name"] == name
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "serving"}]
+    for obj in (sa, role, binding, cm):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+        assert obj["metadata"]["labels"]["horizonserve.io/calibration-key"] == "k1"
 
 
-def test_serving_pod_runs_without_extra_privilege() -> None:
-    pod = _pod()["spec"]
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    containers = pod["containers"] + pod.get("initContainers", [])
-    for c in containers:
-        sc = c["securityContext"]
-        assert sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"] == {"drop": ["ALL"]}
-        assert sc["privileged"] is False
-    sidecar = next(c for c in containers if c["name"] == "sidecar")["securityContext"]
-    assert sidecar["runAsNonRoot"] and sidecar["readOnlyRootFilesystem"]
-    serving = next(c for c in containers if c["name"] == "serving")["securityContext"]
-    assert serving["runAsNonRoot"] and serving["runAsUser"] == builders.SERVING_UID
-    assert "nvidia.com/gpu" not in str(next(c for c in containers if c["name"] == "sidecar"))
+def test_service_selects_the_serving_pods() -> None:
+    spec, _ = translate({"pipeline": "bagel", "allGpuNodes": True,
+                         "service": {"internalTrafficPolicy": "Local"}})  # fmt: skip
+    svc = builders.service(OWNER, spec)
+    assert svc["spec"]["selector"] == builders.selector_labels("qwen-omni")
+    assert svc["spec"]["internalTrafficPolicy"] == "Local"
+    assert svc["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert builders.endpoint(OWNER) == "http://qwen-omni.serving.svc:8000"
+
+
+def test_trust_digest_sees_in_place_changes_only_where_they_matter() -> None:
+    spec = _pod()["spec"]
+    base = builders.trust_digest(spec)
+    assert builders.trust_digest(json.loads(json.dumps(spec))) == base
+    image = json.loads(json.dumps(spec))
+    image["containers"][0]["image"] = "evil:1"
+    assert builders.trust_digest(image) != base
+    tol = json.loads(json.dumps(spec))
+    tol["tolerations"].append({"operator": "Exists"})
+    assert builders.trust_digest(tol) != base
+    # What the API server adds when it stores a pod does not count.
+    stored = json.loads(json.dumps(spec))
+    for c in stored["containers"]:
+        c.update(terminationMessagePath="/dev/termination-log", imagePullPolicy="IfNotPresent")
+    stored.update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler", priority=0)
+    assert builders.trust_digest(stored) == base

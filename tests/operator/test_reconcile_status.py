@@ -6,6 +6,7 @@ import dataclasses
 
 from horizonserve.operator import status
 from horizonserve.operator.builders import pod_name
+from horizonserve.operator.claims import Claim, lost_nodes
 from horizonserve.operator.nodes import Selection
 from horizonserve.operator.pods import PodState, owner_key, pod_state
 from horizonserve.operator.reconcile import Expectations, plan
@@ -16,8 +17,14 @@ OSVC = "svc"
 H = "hash-new"
 
 
+SUMMARIES: dict[str, str] = {}  # node → summary JSON, as the node's ConfigMap holds it
+
+
 def _pod(node: str, h: str = H, ready: bool = True, **kw) -> PodState:
     name = kw.pop("name", pod_name(OSVC, node))
+    summary = kw.pop("summary", None)
+    if summary is not None:
+        SUMMARIES[node] = summary
     return PodState(name, "ns", f"uid-{name}", node, h, "Running" if ready else "Pending",
                     ready=ready, **kw)  # fmt: skip
 
@@ -123,8 +130,10 @@ def _summary(node: str, requests: dict[str, tuple[int, int]], **kw) -> str:
 
 
 def _observed(pods, create=("a", "b", "c"), error=None, raw=None) -> status.Observed:
-    spec, config = translate(raw or {"pipeline": "qwen2_5_omni"})
+    spec, config = translate(raw or {"pipeline": "qwen2_5_omni", "allGpuNodes": True})
+    summaries = {p.node: SUMMARIES.pop(p.node) for p in pods if p.node in SUMMARIES}
     return status.Observed(
+        summaries=summaries,
         generation=3,
         spec=spec,
         config=config,
@@ -198,7 +207,7 @@ def test_calibration_failure_and_skip() -> None:
     st = status.build_status(_observed([_pod("a", summary=bad)], create=("a",)), now=NOW)
     assert _conditions(st)["Calibrated"]["reason"] == "CalibrationFailed"
     assert "a: sweep diverged" in _conditions(st)["Calibrated"]["message"]
-    skip = {"pipeline": "qwen2_5_omni", "calibration": {"mode": "skip"}}
+    skip = {"pipeline": "qwen2_5_omni", "allGpuNodes": True, "calibration": {"mode": "skip"}}
     st = status.build_status(_observed([], raw=skip), now=NOW)
     assert _conditions(st)["Calibrated"]["reason"] == "CalibrationSkipped"
     ladder = {**skip, "ladder": {"levels": [32, 64], "aggressive": 132, "total": 132}}
@@ -230,3 +239,50 @@ def test_merge_patch_nulls_removed_keys() -> None:
     old = {"a": 1, "b": {"x": 1, "y": 2}, "c": [1]}
     new = {"a": 1, "b": {"x": 1}, "c": [2], "d": "new"}
     assert status.merge_patch(old, new) == {"b": {"y": None}, "c": [2], "d": "new"}
+
+
+def test_future_dated_or_foreign_summaries_are_not_counted() -> None:
+    ahead = _summary("a", {"text-text": (10, 10)}, timestamp=NOW + 3600)
+    foreign = _summary("elsewhere", {"text-text": (10, 10)})
+    pods = [_pod("a", summary=ahead), _pod("b", summary=foreign)]
+    st = status.build_status(_observed(pods, create=("a", "b")), now=NOW)
+    nodes = {n["node"]: n for n in st["nodeSummaries"]}
+    assert not nodes["a"]["fresh"] and "in the future" in nodes["a"]["errors"][0]
+    assert not nodes["b"]["fresh"] and "names node 'elsewhere'" in nodes["b"]["errors"][0]
+    assert "attainment" not in st  # nothing counted
+    # Within the allowed clock skew it counts.
+    skewed = _summary("a", {"text-text": (10, 5)}, timestamp=NOW + status.MAX_CLOCK_SKEW_S - 1)
+    st = status.build_status(_observed([_pod("a", summary=skewed)], create=("a",)), now=NOW)
+    assert st["attainment"] == 0.5
+
+
+def test_conflict_condition_and_endpoint() -> None:
+    obs = _observed([_pod("a")], create=("a",))
+    st = status.build_status(
+        dataclasses.replace(obs, conflicts={"b": "ns/older"}, endpoint="http://svc.ns.svc:8000"),
+        now=NOW,
+    )
+    cond = _conditions(st)["Conflict"]
+    assert cond["status"] == "True" and cond["reason"] == "NodesOwnedByOthers"
+    assert "b (owner ns/older)" in cond["message"]
+    assert st["endpoint"] == "http://svc.ns.svc:8000"
+    assert _conditions(status.build_status(obs, now=NOW))["Conflict"]["status"] == "False"
+
+
+def test_plan_replaces_a_drifted_pod_at_once() -> None:
+    pods = [_pod("a", trust="t-evil"), _pod("b", trust="t-ok"), _pod("c", h="old", trust="x")]
+    p = plan(OSVC, _sel({"a", "b", "c"}), pods, H, max_unavailable=1, trust=lambda n: "t-ok")
+    assert p.drifted == ("svc-a",)
+    # The drifted pod goes although the budget is spent; the outdated c is not a drift.
+    assert {d.name for d in p.delete} == {"svc-a"}
+
+
+def test_one_gpu_one_owner_is_deterministic() -> None:
+    old = Claim("ns", "old", "u1", "2026-01-01T00:00:00Z")
+    new = Claim("ns", "new", "u2", "2026-01-02T00:00:00Z")
+    twin = Claim("ns", "a-twin", "u3", "2026-01-02T00:00:00Z")  # same second: by name
+    wanted = {old: {"n1"}, new: {"n1", "n2"}, twin: {"n2", "n3"}}
+    assert lost_nodes(old, wanted, {"n1": 1}) == {}
+    assert lost_nodes(new, wanted, {"n1": 1, "n2": 1}) == {"n1": old, "n2": twin}
+    assert lost_nodes(twin, wanted, {"n2": 1, "n3": 1}) == {}
+    assert lost_nodes(new, wanted, {"n1": 2, "n2": 2}) == {}  # a two-GPU node: both fit

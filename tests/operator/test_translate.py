@@ -10,7 +10,7 @@ from horizonserve.runtime.config import PolicyName, default_ladder, load_pipelin
 
 
 def test_minimal_spec_takes_the_pipeline_defaults() -> None:
-    spec, config = translate({"pipeline": "bagel"})
+    spec, config = translate({"pipeline": "bagel", "allGpuNodes": True})
     pipeline = load_pipeline("bagel")
     assert config.model == pipeline.model and config.pipeline == "bagel"
     assert config.policy is PolicyName.HORIZON
@@ -24,6 +24,7 @@ def test_multiplier_overrides_and_control_reach_the_runtime_config() -> None:
     _, config = translate(
         {
             "pipeline": "qwen2_5_omni",
+            "allGpuNodes": True,
             "model": "/models/qwen-omni",
             "policy": "edf",
             "slo": {"multiplier": 3, "classOverrides": {"text-speech": 8}},
@@ -44,38 +45,62 @@ def test_multiplier_overrides_and_control_reach_the_runtime_config() -> None:
     ("spec", "path", "words"),
     [
         (
-            {"pipeline": "qwen2_5_omni", "slo": {"classOverrides": {"poetry": 2}}},
+            {
+                "pipeline": "qwen2_5_omni",
+                "allGpuNodes": True,
+                "slo": {"classOverrides": {"poetry": 2}},
+            },
             "spec.slo.classOverrides.poetry",
             ["unknown request class 'poetry'", "text-speech"],
         ),
         (
-            {"pipeline": "bagel", "control": {"rotationNMin": 9}},
+            {"pipeline": "bagel", "allGpuNodes": True, "control": {"rotationNMin": 9}},
             "spec.control",
             ["rotationNMin 9 exceeds rotationNMax 8"],
         ),
         (
-            {"pipeline": "bagel", "ladder": {"levels": [64, 48], "aggressive": 132, "total": 132}},
+            {
+                "pipeline": "bagel",
+                "allGpuNodes": True,
+                "ladder": {"levels": [64, 48], "aggressive": 132, "total": 132},
+            },
             "spec.ladder.levels",
             ["strictly increasing"],
         ),
         (
-            {"pipeline": "bagel", "ladder": {"levels": [32, 140], "aggressive": 132, "total": 132}},
-            "spec.ladder",
+            {
+                "pipeline": "bagel",
+                "allGpuNodes": True,
+                "ladder": {"levels": [32, 140], "aggressive": 132, "total": 132},
+            },
+            "spec.ladder.levels",
             ["exceeds aggressive"],
         ),
         (
-            {"pipeline": "bagel", "resources": {"limits": {"nvidia.com/gpu": 2}}},
+            {
+                "pipeline": "bagel",
+                "allGpuNodes": True,
+                "resources": {"limits": {"nvidia.com/gpu": 2}},
+            },
             "spec.resources.limits",
             ["exactly one GPU"],
         ),
         (
-            {"pipeline": "bagel", "tolerations": [{"effect": "NoSchedule"}]},
-            "spec.tolerations[0]",
+            {"pipeline": "bagel", "allGpuNodes": True, "tolerations": [{"effect": "NoSchedule"}]},
+            "spec.tolerations[0].operator",
             ["only with 'Exists'"],
         ),
-        ({"pipeline": "llama"}, "spec.pipeline", ["qwen2_5_omni"]),
-        ({"pipeline": "bagel", "replicas": 3}, "spec.replicas", ["Extra inputs"]),
-        ({"pipeline": "bagel", "shmSize": "lots"}, "spec.shmSize", ["pattern"]),
+        ({"pipeline": "llama", "allGpuNodes": True}, "spec.pipeline", ["qwen2_5_omni"]),
+        (
+            {"pipeline": "bagel", "allGpuNodes": True, "replicas": 3},
+            "spec.replicas",
+            ["unknown field", "camelCase"],
+        ),
+        (
+            {"pipeline": "bagel", "allGpuNodes": True, "shmSize": "lots"},
+            "spec.shmSize",
+            ["pattern"],
+        ),
     ],
 )
 def test_errors_name_the_field(spec: dict, path: str, words: list[str]) -> None:
@@ -92,7 +117,7 @@ def test_unloadable_pipeline_is_a_spec_error() -> None:
         raise FileNotFoundError(f"no data for {name}")
 
     with pytest.raises(SpecError) as info:
-        translate({"pipeline": "bagel"}, load=broken)
+        translate({"pipeline": "bagel", "allGpuNodes": True}, load=broken)
     assert info.value.path == "spec.pipeline"
 
 
@@ -103,9 +128,19 @@ def test_field_path_brackets_list_indices_and_dotted_keys() -> None:
     )
 
 
-def test_snake_case_input_is_accepted_too() -> None:
-    spec = parse_spec({"pipeline": "bagel", "node_selector": {"a": "b"}})
-    assert spec.node_selector == {"a": "b"}
+def test_snake_case_field_is_an_unknown_field() -> None:
+    """A snake_case typo is refused, not read as the field (nor pruned into "every node")."""
+    with pytest.raises(SpecError) as info:
+        parse_spec({"pipeline": "bagel", "allGpuNodes": True, "node_selector": {"a": "b"}})
+    assert info.value.path == "spec.node_selector"
+    assert info.value.message.startswith("unknown field")
+
+
+def test_empty_selector_needs_all_gpu_nodes() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"pipeline": "bagel"})
+    assert info.value.path == "spec.nodeSelector" and "allGpuNodes: true" in info.value.message
+    assert parse_spec({"pipeline": "bagel", "allGpuNodes": True}).all_gpu_nodes
 
 
 @pytest.mark.parametrize(
