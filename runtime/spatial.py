@@ -41,20 +41,30 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from enum import IntEnum
 
 from horizonserve.runtime.config import ControlParams, SmLadder
 
-AGGRESSIVE = -1  # level index meaning "S_aggr, no downstream stage active"
-UNCAPPED = -2  # level index meaning "whole GPU, no throttling"
-LIFTED = -3  # level index meaning "S_aggr while co-running: the shared stage is backlogged"
-OPEN = -4  # level index meaning "whole GPU under MPS beside the downstream (no cap pays)"
+
+class Level(IntEnum):
+    """A decision's level that is not a ladder index (ladder indices are ≥ 0). Published as
+    an integer in the control record; `runtime.gpu.split` turns it into each stage's SMs."""
+
+    AGGRESSIVE = -1  # S_aggr: nothing runs downstream
+    UNCAPPED = -2  # every stage on the whole GPU (baselines, w/o SM throttling)
+    LIFTED = -3  # S_aggr while co-running: the shared stage is backlogged
+    OPEN = -4  # the whole GPU under MPS beside the downstream (the cap does not pay)
+
+
+NO_DECISION = -128  # the control record's level when it holds no decision (never a Level)
+AGGRESSIVE, UNCAPPED, LIFTED, OPEN = Level.AGGRESSIVE, Level.UNCAPPED, Level.LIFTED, Level.OPEN
 
 
 @dataclass(slots=True, frozen=True)
 class SmDecision:
     shared: int  # SMs the shared stage may use this step
     downstream: int  # complementary headroom for downstream stages
-    level: int  # index into ladder.levels, or AGGRESSIVE / UNCAPPED
+    level: int  # index into ladder.levels (≥ 0), or a `Level`
     changed: bool  # differs from the previous step's decision
     prefill: int  # SMs for a prefill carrying urgent prompts (≥ shared)
 

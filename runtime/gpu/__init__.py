@@ -6,7 +6,6 @@ Each degrades with one clear log line where the hardware or software lacks it. H
 
 from horizonserve.runtime.gpu.green_context import (
     SmLadderContexts,
-    complementary_ladder,
     ladder_variant,
 )
 from horizonserve.runtime.gpu.mps import (
@@ -23,7 +22,6 @@ __all__ = [
     "MpsUnavailableError",
     "NvmlPressureSampler",
     "SmLadderContexts",
-    "complementary_ladder",
     "ladder_variant",
     "mps_available",
 ]

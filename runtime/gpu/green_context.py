@@ -96,23 +96,6 @@ def ladder_variant(levels: Sequence[int], variant: str, device_id: int = 0) -> S
     )
 
 
-def complementary_ladder(levels: Sequence[int], total_sms: int, floor: int = 1) -> tuple[int, ...]:
-    """The downstream stage's ladder: `total_sms - level` for each shared-stage level.
-
-    Shared + downstream = total for every level, so no SM idles under any split. A level that
-    takes every SM (the aggressive level, used only while no downstream stage is active)
-    leaves 0, which is raised to `floor` so each entry is still a valid context size.
-    """
-    if total_sms <= 0:
-        raise ValueError(f"total_sms must be positive, got {total_sms}")
-    out = []
-    for level in levels:
-        if not 0 < level <= total_sms:
-            raise ValueError(f"ladder level {level} outside (0, {total_sms}]")
-        out.append(max(total_sms - level, floor))
-    return tuple(out)
-
-
 def _validate_levels(levels: Sequence[int]) -> tuple[int, ...]:
     out = tuple(int(level) for level in levels)
     if not out:

@@ -6,9 +6,9 @@ from horizonserve.runtime.monitor.record import (
     DecisionWriter,
     DownstreamActivity,
     DownstreamWriter,
+    PublishedDecision,
     RecordBusyError,
     RecordFormatError,
-    SmDecision,
 )
 from horizonserve.runtime.monitor.request_table import (
     RequestEntry,
@@ -24,11 +24,11 @@ __all__ = [
     "DecisionWriter",
     "DownstreamActivity",
     "DownstreamWriter",
+    "PublishedDecision",
     "RecordBusyError",
     "RecordFormatError",
     "RequestEntry",
     "RequestTable",
-    "SmDecision",
     "TableBusyError",
     "TableFormatError",
     "TableFullError",

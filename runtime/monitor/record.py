@@ -6,13 +6,16 @@ Layout (native byte order and alignment: the file never leaves the host), 64-byt
     offset 64   decision   seq | pressure_smoothed, pressure_raw, heartbeat_ns, steps,
                                  shared_sms, downstream_sms, level_index, writer_pid
                            alive_ns (offset 120, one word outside the seqlock)
-    offset 128  slot i     seq | heartbeat_ns, updates, active, kind, writer_pid   (64 B each)
+    offset 128  slot i     seq | heartbeat_ns, updates, active, kind, writer_pid, slack
+                                                                          (64 B each)
 
 Who writes what (one writer per group, so writers never race each other):
 
 * the shared stage ("thinker") writes the decision group: the SM split it picked, the ladder
   level index, and the raw and smoothed memory pressure, once per scheduling step;
-* downstream stage process k writes slot k only: how many requests it has in flight.
+* downstream stage process k writes slot k only: how many requests it has in flight, and the
+  smallest slack ratio among its requests whose first output is still pending (NaN: none),
+  which the shared stage's slack split reads.
 
 Everyone may read every group. Each group is a seqlock: the writer makes `seq` odd, writes the
 payload, then makes `seq` even again; a reader copies seq+payload, re-reads seq, and retries
@@ -60,9 +63,10 @@ from horizonserve.runtime.monitor.shm import (
     pid_alive,
     shm_path,
 )
+from horizonserve.runtime.spatial import NO_DECISION
 
 MAGIC = 0x524D5A48  # b"HZMR" read as a little-endian u32
-VERSION = 2  # 2: owner_uid in the header, alive_ns in the decision group
+VERSION = 3  # 2: owner_uid in the header, alive_ns in the decision group; 3: slot slack
 FUTURE_SLACK_NS = 50_000_000  # a heartbeat this far ahead of the reader's clock is bogus
 PID_CHECK_S = 0.5  # how often a reader re-checks that a slot's writer process exists
 DEFAULT_RECORD_NAME = "horizonserve-control"
@@ -73,12 +77,12 @@ _tuple_new = tuple.__new__  # NamedTuple._make without its Python-level length c
 # magic, version, n_slots, size, created_ns, creator_pid, owner_uid
 _HEADER = struct.Struct("@IIIIqqq")
 _SEQ_BYTES = 8
-# Decision payload after its seq; field order matches SmDecision.
+# Decision payload after its seq; field order matches PublishedDecision.
 _DECISION = struct.Struct("@ddqqiiii")
 _DECISION_READ = struct.Struct("@Qddqqiiii")
 # Slot payload after its seq; field order matches DownstreamActivity.
-_SLOT = struct.Struct("@qqiii")
-_SLOT_READ = struct.Struct("@Qqqiii")
+_SLOT = struct.Struct("@qqiiid")
+_SLOT_READ = struct.Struct("@Qqqiiid")
 
 _DECISION_OFFSET = GROUP_BYTES
 _ALIVE_WORD = (_DECISION_OFFSET + GROUP_BYTES - 8) >> 3  # u64 index of alive_ns
@@ -99,7 +103,7 @@ class RecordBusyError(RuntimeError):
     return a stale copy instead, so a stuck writer never ends a reader)."""
 
 
-class SmDecision(NamedTuple):
+class PublishedDecision(NamedTuple):
     """One consistent copy of the decision group (field order = struct order)."""
 
     seq: int
@@ -109,7 +113,7 @@ class SmDecision(NamedTuple):
     steps: int  # number of publishes so far
     shared_sms: int
     downstream_sms: int
-    level_index: int  # -1 = no decision yet
+    level_index: int  # a ladder index or a `spatial.Level`; NO_DECISION when none
     writer_pid: int
 
 
@@ -122,6 +126,7 @@ class DownstreamActivity(NamedTuple):
     active: int  # requests in flight in that stage
     kind: int  # caller-defined stage code (e.g. talker, code2wav, DiT); 0 = unused
     writer_pid: int
+    slack: float  # smallest slack ratio of a pending first output; NaN = none
 
 
 def record_size(n_slots: int) -> int:
@@ -130,8 +135,8 @@ def record_size(n_slots: int) -> int:
 
 
 #: What a stuck, corrupt or never-written group reads as: no decision / no activity.
-STALE_DECISION = SmDecision(0, math.nan, math.nan, 0, 0, 0, 0, -1, 0)
-STALE_SLOT = DownstreamActivity(0, 0, 0, 0, 0, 0)
+STALE_DECISION = PublishedDecision(0, math.nan, math.nan, 0, 0, 0, 0, NO_DECISION, 0)
+STALE_SLOT = DownstreamActivity(0, 0, 0, 0, 0, 0, math.nan)
 
 
 def _stale(heartbeat_ns: int, now_ns: int, max_age_ns: int) -> bool:
@@ -223,7 +228,9 @@ class ControlRecord(MappedFile):
         size = record_size(n_slots)
         fd, buf = create_mapping(p, size, stale=stale_record)
         nan = math.nan
-        _DECISION.pack_into(buf, _DECISION_OFFSET + _SEQ_BYTES, nan, nan, 0, 0, 0, 0, -1, 0)
+        _DECISION.pack_into(
+            buf, _DECISION_OFFSET + _SEQ_BYTES, nan, nan, 0, 0, 0, 0, NO_DECISION, 0
+        )
         # Magic goes in last: an opener that sees it sees an initialised file.
         created, pid, uid = time.monotonic_ns(), os.getpid(), os.geteuid()
         _HEADER.pack_into(buf, 0, 0, VERSION, n_slots, size, created, pid, uid)
@@ -265,14 +272,14 @@ class ControlRecord(MappedFile):
 
     # -- readers ----------------------------------------------------------------------------
 
-    def read_decision(self, *, strict: bool = False) -> SmDecision:
+    def read_decision(self, *, strict: bool = False) -> PublishedDecision:
         """Consistent copy of the decision group (retries while a write is in progress).
 
         A stuck group or a changed header reads as `STALE_DECISION` (`strict`: raises
         RecordBusyError / RecordFormatError instead).
         """
         values = self._read(_DECISION_READ, _DECISION_OFFSET, strict)
-        return STALE_DECISION if values is None else _tuple_new(SmDecision, values)
+        return STALE_DECISION if values is None else _tuple_new(PublishedDecision, values)
 
     def read_downstream(self, slot: int, *, strict: bool = False) -> DownstreamActivity:
         """Consistent copy of downstream slot `slot` (`STALE_SLOT` when stuck or corrupt)."""
@@ -306,7 +313,7 @@ class ControlRecord(MappedFile):
                 values = self._read_slow(_SLOT_READ, offset, strict=False)
                 if values is None:
                     continue
-            _, heartbeat, _, active, _, pid = values
+            _, heartbeat, _, active, _, pid, _ = values
             if not active:
                 continue
             if check and (
@@ -316,6 +323,22 @@ class ControlRecord(MappedFile):
                 continue
             total += active
         return total
+
+    def downstream_min_slack(self, now_ns: int, max_age_ns: int) -> float | None:
+        """The smallest slack ratio any fresh, active downstream slot published (None: none
+        has a first output pending). Stale slots are skipped as in `downstream_active_total`."""
+        if not self._header_ok():
+            return None
+        best: float | None = None
+        for slot in range(self.n_slots):
+            a = self.read_downstream(slot)
+            if not a.active or a.slack != a.slack:  # idle, or NaN: nothing pending
+                continue
+            if _stale(a.heartbeat_ns, now_ns, max_age_ns) or not self._writer_alive(a.writer_pid):
+                continue
+            if best is None or a.slack < best:
+                best = a.slack
+        return best
 
     def is_stale(self, now_ns: int, max_age_ns: int) -> bool:
         """True when the shared stage never published, its heartbeat is too old or in the
@@ -439,13 +462,21 @@ class DownstreamWriter:
         self._seq = seq + (seq & 1)
         self._updates = _SLOT_READ.unpack_from(buf, offset)[2]
 
-    def set_active(self, active: int, now_ns: int) -> None:
-        """Publish how many requests this stage has in flight; `now_ns` is the heartbeat."""
+    def set_active(self, active: int, now_ns: int, slack: float = math.nan) -> None:
+        """Publish how many requests this stage has in flight and the smallest slack ratio of
+        a pending first output (NaN: none); `now_ns` is the heartbeat."""
         words, index, seq = self._words, self._index, self._seq + 1
         updates = self._updates + 1
         words[index] = seq  # odd: write in progress
         _SLOT.pack_into(
-            self._buf, self._offset + _SEQ_BYTES, now_ns, updates, active, self._kind, self._pid
+            self._buf,
+            self._offset + _SEQ_BYTES,
+            now_ns,
+            updates,
+            active,
+            self._kind,
+            self._pid,
+            slack,
         )
         words[index] = seq + 1  # even: consistent again
         self._seq = seq + 1

@@ -162,7 +162,7 @@ class ArExecutor:
         tokens = self.model.next_tokens(last).tolist()
         for seq, tok in zip(seqs, tokens, strict=True):
             seq.length = seq.prompt_len
-            seq.generated = 1
+            seq.generated += 1  # 0 → 1 for a new request; a recompute after preemption goes on
             seq.last_token = tok
 
     def warm_prefill(self, limit: int) -> None:

@@ -52,14 +52,15 @@ from typing import Any
 from horizonserve.runtime.config import ServingConfig
 from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
+from horizonserve.runtime.gpu.split import StageLadder
 from horizonserve.runtime.monitor import ControlRecord
+from horizonserve.runtime.spatial import NO_DECISION
 
 log = logging.getLogger(__name__)
 
 WRAPPED = "__horizonserve_wrapped__"
 SHARED = "shared"
 DOWNSTREAM = "downstream"
-FLOOR_SMS = 8  # smallest Green Context the driver grants on Hopper (groups of 8)
 HEARTBEAT_S = 0.5
 KIND_DIFFUSION = 3
 
@@ -91,16 +92,16 @@ class SmControl:
         self.total = ladder.total
         self.aggressive = ladder.aggressive
         self.s_cap = ladder.s_cap
-        # Downstream SMs while co-running never drop below S_tot − S_cap (nor the floor).
-        self.guaranteed = max(ladder.total - ladder.s_cap, FLOOR_SMS)
+        # The one split rule both engines follow (runtime.gpu.split).
+        self.split = StageLadder.open(role, ladder)
+        self.guaranteed = self.split.guaranteed
         shared_levels = sorted({*ladder.levels, ladder.aggressive})
         # SM count this process runs on, for each SM count the shared stage may be given.
         self.own: dict[int, int] = {
             s: (s if role == SHARED else self.complement(s)) for s in shared_levels
         }
-        levels = sorted({v for v in self.own.values() if v < self.total})
         self.contexts = SmLadderContexts(
-            [*levels, self.total],
+            [*self.split.contexts, self.total],
             device_index,
             mode="stream",
             backend_factory=backend_factory,
@@ -117,19 +118,18 @@ class SmControl:
         return max(self.total - shared_sms, self.guaranteed)
 
     def target_sms(self, decision: Any, now_ns: int) -> int:
-        """SMs this process should run on given the shared stage's last published decision."""
-        if self.role == SHARED:
-            return self.aggressive if decision.steps == 0 else decision.shared_sms
-        if decision.steps == 0 or now_ns - decision.heartbeat_ns > self.max_age_ns:
-            return self.total  # the shared stage is idle: the whole GPU
-        if decision.downstream_sms >= self.total:
-            return self.total  # uncapped policy (baselines)
-        # = complement(shared count of the level): the headroom is S_tot − cap on the ladder;
-        # at S_aggr (0 by default: AGGRESSIVE, LIFTED) the guaranteed S_tot − S_cap.
-        return max(decision.downstream_sms, self.guaranteed)
+        """SMs this process should run on given the shared stage's last published decision
+        (`StageLadder.sms_for`; a downstream stage treats an old decision as none)."""
+        fresh = decision.steps != 0 and (
+            self.role == SHARED or now_ns - decision.heartbeat_ns <= self.max_age_ns
+        )
+        level = decision.level_index if fresh else NO_DECISION
+        sms = self.split.sms_for(level, decision.shared_sms, decision.downstream_sms)
+        return self.total if sms is None else sms
 
     def activate_sms(self, sms: int) -> None:
-        self.contexts.activate(self.index.get(sms, self.full_index))
+        snapped = self.split.snap(sms)  # the one fallback: snap down, never the whole GPU
+        self.contexts.activate(self.full_index if snapped is None else self.index[snapped])
         self.activations += 1
 
     def before_forward(self) -> None:

@@ -9,28 +9,8 @@ from typing import Any
 
 import pytest
 
-from horizonserve.runtime.gpu import SmLadderContexts, complementary_ladder, ladder_variant
+from horizonserve.runtime.gpu import SmLadderContexts, ladder_variant
 from horizonserve.runtime.gpu import _torch_green as tg
-
-# -- complementary ladder --------------------------------------------------------------------
-
-
-def test_complementary_ladder_sums_to_total() -> None:
-    assert complementary_ladder([48, 64, 80], 132) == (84, 68, 52)
-    down = complementary_ladder([48, 64, 80], 132)
-    assert all(a + b == 132 for a, b in zip([48, 64, 80], down, strict=True))
-
-
-def test_complementary_ladder_floor_for_full_level() -> None:
-    assert complementary_ladder([64, 132], 132) == (68, 1)
-    assert complementary_ladder([64, 132], 132, floor=8) == (68, 8)
-
-
-@pytest.mark.parametrize("levels", [[0, 64], [64, 140], [-8]])
-def test_complementary_ladder_rejects_out_of_range(levels: list[int]) -> None:
-    with pytest.raises(ValueError):
-        complementary_ladder(levels, 132)
-
 
 # -- fallback (no torch / no CUDA) -----------------------------------------------------------
 

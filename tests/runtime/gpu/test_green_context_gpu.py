@@ -10,11 +10,12 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from horizonserve.runtime.config import SmLadder  # noqa: E402
 from horizonserve.runtime.gpu import (  # noqa: E402
-    complementary_ladder,
     ladder_variant,
 )
 from horizonserve.runtime.gpu.green_context import VARIANTS  # noqa: E402
+from horizonserve.runtime.gpu.split import Role, StageLadder  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -90,9 +91,11 @@ def test_off_grid_requests_are_rounded_up() -> None:
             assert got is not None and req <= got < req + align and got % align == 0
 
 
-def test_complementary_ladder_on_this_gpu() -> None:
-    shared = [48, 64, 80]
-    down = complementary_ladder(shared, TOTAL)
-    with ladder_variant(list(down), "stream") as ladder:
-        assert ladder.available
-        assert all(s + d == TOTAL for s, d in zip(shared, down, strict=True))
+def test_downstream_split_contexts_on_this_gpu() -> None:
+    """The downstream role's contexts (runtime.gpu.split) are grantable on this GPU, and each
+    complements a shared level to the whole GPU."""
+    ladder = SmLadder(levels=[48, 64, 80], aggressive=TOTAL, total=TOTAL)
+    down = StageLadder.open(Role.DOWNSTREAM, ladder).contexts
+    assert set(down) == {TOTAL - s for s in ladder.levels}
+    with ladder_variant(list(down), "stream") as contexts:
+        assert contexts.available

@@ -22,6 +22,7 @@ from horizonserve.runtime.monitor import (
 )
 from horizonserve.runtime.monitor import record as record_mod
 from horizonserve.runtime.monitor import shm as shm_mod
+from horizonserve.runtime.spatial import NO_DECISION
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def rec(tmp_path: Path):
 def test_fresh_record_has_no_decision(rec: ControlRecord) -> None:
     d = rec.read_decision()
     assert d.seq == 0 and d.steps == 0 and d.heartbeat_ns == 0
-    assert d.level_index == -1
+    assert d.level_index == NO_DECISION
     assert math.isnan(d.pressure_smoothed) and math.isnan(d.pressure_raw)
     assert rec.downstream_active_total() == 0
     assert rec.is_stale(now_ns=10**12, max_age_ns=10**15)  # never written = stale
@@ -172,11 +173,11 @@ _WRITER = textwrap.dedent(
 )
 
 
-def _check_decision(d: record_mod.SmDecision) -> None:
+def _check_decision(d: record_mod.PublishedDecision) -> None:
     i = d.heartbeat_ns
     assert d.seq == 2 * i and d.steps == i
     if i == 0:  # the writer has not published yet: the fresh record
-        assert d.level_index == -1 and math.isnan(d.pressure_raw)
+        assert d.level_index == NO_DECISION and math.isnan(d.pressure_raw)
         return
     assert (d.shared_sms, d.downstream_sms, d.level_index) == (i, 3 * i, i % 7)
     assert d.pressure_smoothed == float(i) and d.pressure_raw == 2.0 * i

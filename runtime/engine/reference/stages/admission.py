@@ -76,6 +76,11 @@ class StageQueue(Generic[T]):
             else:
                 self._q.push(entry, stamp, stamp.downstream_s)
 
+    def peek_slack(self) -> float | None:
+        """Slack ratio of the job `popleft` would return now (None: empty or no stamp)."""
+        u = self._q.peek_slack(self._clock())
+        return None if u is None or u == math.inf else u
+
     def clear(self) -> None:
         self._drain()
 
@@ -100,3 +105,19 @@ class StageQueue(Generic[T]):
 
     def __bool__(self) -> bool:
         return len(self._q) > 0
+
+
+def min_slack(
+    queue: StageQueue[T], started: Iterator[tuple[Stamp | None, float]], now: float
+) -> float:
+    """The smallest slack ratio of a stage's pending first outputs: the queue's next admission
+    and each started job, given as (stamp, share of its first-output work still to do), r̂ =
+    the stamp's estimate × that share. NaN when nothing with a deadline is pending."""
+    best = queue.peek_slack()
+    for stamp, left in started:
+        if stamp is None:
+            continue
+        u = stamp.slack_ratio(now, stamp.downstream_s * left)
+        if best is None or u < best:
+            best = u
+    return math.nan if best is None else best

@@ -42,8 +42,9 @@ from horizonserve.runtime.engine.reference.stages.common import (
     memory_info,
     setup_torch,
 )
+from horizonserve.runtime.gpu.split import Role, StageLadder
 from horizonserve.runtime.monitor import ControlRecord
-from horizonserve.runtime.spatial import UNCAPPED
+from horizonserve.runtime.spatial import NO_DECISION
 
 IDLE_BEAT_S = 0.1
 CANCELLED_KEPT = 1024  # cancelled ids remembered for hand-offs still on their way
@@ -63,6 +64,10 @@ class DownstreamStage(Protocol):
 
     def iterate(self) -> None: ...
 
+    def min_slack(self) -> float:
+        """Smallest slack ratio of a request whose first output is pending here (NaN: none)."""
+        ...
+
     # calibration: synthetic load, cancellation, last iteration's timing
     last_timing: tuple[float, float, int, int]
     emit: Any
@@ -76,33 +81,6 @@ class DownstreamStage(Protocol):
     def cancel(self, rids: tuple[str, ...]) -> int: ...
 
 
-def complementary_levels(config: ServingConfig, capped: bool) -> list[int]:
-    """SM counts a downstream process pre-allocates: S_tot − s for each shared level s."""
-    if not capped:
-        return []
-    ladder = config.ladder
-    shared = {*ladder.levels, ladder.aggressive}
-    return sorted({ladder.total - s for s in shared} - {0, ladder.total})
-
-
-def granted_sms(level: int, published: int, guaranteed: int) -> int:
-    """SMs a downstream stage runs on for a published decision: the published headroom, except
-    while the shared stage holds S_aggr (AGGRESSIVE, or LIFTED for a backlog), when it is the
-    guaranteed S_tot − S_cap (the two then overlap as MPS clients)."""
-    if level < 0 or published <= 0:
-        return guaranteed
-    return published
-
-
-def pick_level(levels: list[int], sms: int) -> int:
-    """The largest pre-allocated level ≤ `sms` (the smallest level when none is)."""
-    best = levels[0]
-    for level in levels:
-        if level <= sms:
-            best = level
-    return best
-
-
 class DownstreamLoop:
     def __init__(self, cfg: StageConfig, name: str, in_q: Any, events: Any) -> None:
         self.cfg = cfg
@@ -114,27 +92,23 @@ class DownstreamLoop:
         self.config = ServingConfig.model_validate_json(cfg.serving_json)
         self.record = ControlRecord.open(cfg.record_path)
         self.writer = self.record.downstream_writer(cfg.downstream_slot, STAGE_KIND.get(name, 1))
-        self.levels = complementary_levels(self.config, cfg.capped)
+        self.split = StageLadder.open(Role.DOWNSTREAM, self.config.ladder, cfg.capped)
+        self.levels = list(self.split.contexts)
         # Complementary levels sit on the SMs the shared stage does not hold (disjoint across
         # the two processes), see gpu_control.
         self.sm = open_sm_cap(
             self.device.type, self.device.index or 0, self.levels, partition="complement"
         )
         self.total = self.config.ladder.total
-        self._fallback = self.config.ladder.total - self.config.ladder.s_cap
 
     def warmup_levels(self) -> tuple[int | None, ...]:
         return (None, *getattr(self.sm, "levels", ()))
 
     def sms_now(self) -> int | None:
         """SMs for the next iteration: the published headroom, snapped to a level."""
-        if not self.levels:
-            return None
         d = self.record.read_decision()
-        if d.steps == 0 or d.level_index == UNCAPPED:
-            return None
-        sms = granted_sms(d.level_index, d.downstream_sms, self._fallback)
-        return pick_level(self.levels, sms)
+        level = d.level_index if d.steps else NO_DECISION
+        return self.split.sms_for(level, d.shared_sms, d.downstream_sms)
 
     def run_load(self, stage: DownstreamStage, load: ProbeLoad) -> bool:
         """Serve a ProbeLoad (see protocol); returns False when a stop sentinel arrived."""
@@ -147,7 +121,7 @@ class DownstreamLoop:
         try:
             for follow, fixed in plan:
                 if fixed is not None and self.levels:
-                    fixed = pick_level(self.levels, fixed) if fixed < self.total else None
+                    fixed = self.split.snap(fixed)
                 elif fixed is not None:
                     fixed = None  # no ladder here (CPU, uncapped run): the whole device
                 deadline = time.monotonic() + load.seconds
@@ -215,12 +189,12 @@ class DownstreamLoop:
             if stop or watch.gone(now):
                 break
             if msgs or not stage.idle or now - beat > IDLE_BEAT_S:
-                self.writer.set_active(stage.in_flight, time.monotonic_ns())
+                self.writer.set_active(stage.in_flight, time.monotonic_ns(), stage.min_slack())
                 beat = now
             if not stage.idle:
                 self.sm.activate(self.sms_now())
                 stage.iterate()
-                self.writer.set_active(stage.in_flight, time.monotonic_ns())
+                self.writer.set_active(stage.in_flight, time.monotonic_ns(), stage.min_slack())
         self.writer.set_active(0, time.monotonic_ns())
         self.events.put(Event(STOPPED, self.name, time.monotonic(), data=memory_info(self.device)))
         # The SM ladder stays open until the process leaves (see stages.shared.main).

@@ -17,10 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from horizonserve.runtime.downstream import Stamp
 from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
-from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
+from horizonserve.runtime.engine.reference.stages.admission import (
+    StageQueue,
+    min_slack,
+    slack_order,
+)
 
 STAGE = IMAGE
 
@@ -33,6 +38,7 @@ class ImageJob:
     steps: int
     arrival: float = float("inf")  # the request's arrival (synthetic load: never aborted)
     done_steps: int = 0
+    stamp: Stamp | None = None  # the shared stage's deadline stamp (None: synthetic)
 
 
 class ImageStage:
@@ -103,7 +109,13 @@ class ImageStage:
             cond = torch.cat((pad, cond))
         x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device, dtype=self.dtype)
         steps = msg.target if msg.target else d.steps
-        self.pending.append(ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival), msg.stamp)
+        job = ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival, stamp=msg.stamp)
+        self.pending.append(job, msg.stamp)
+
+    def min_slack(self) -> float:
+        """The image is the first output: every active job's denoising is pending."""
+        started = ((j.stamp, 1.0 - j.done_steps / j.steps) for j in self.active)
+        return min_slack(self.pending, started, self._clock())
 
     @torch.inference_mode()
     def iterate(self) -> None:

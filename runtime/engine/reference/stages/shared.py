@@ -45,6 +45,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     SetPolicy,
     WireTensor,
 )
+from horizonserve.runtime.gpu.split import Role, StageLadder
 from horizonserve.runtime.policy import SchedulingPolicy, StepDecision
 from horizonserve.runtime.profiler import InputFeatures, RequestSignals
 from horizonserve.runtime.spatial import UNCAPPED
@@ -59,8 +60,18 @@ class SharedJob:
     scheduled: float = math.nan  # when its prompt entered a batch
 
 
+def _never_handed(seq: Sequence) -> bool:
+    """A running shared-stage request is handed downstream only when it finishes here."""
+    return False
+
+
 def _signals(seq: Sequence) -> RequestSignals:
     return seq.payload.sig  # type: ignore[no-any-return]
+
+
+def _never_handed(seq: Sequence) -> bool:
+    """A running shared-stage request is handed downstream only when it finishes here."""
+    return False
 
 
 def tpot_of(times: list[float]) -> float | None:
@@ -88,17 +99,20 @@ class SharedStage:
         sm: SmCap,
         trace_interval_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        downstream_slack: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.policy = policy
         self.executor = executor
         self.preset = preset
         self.batcher = ContinuousBatcher(preset.thinker_limits)
         self.total_sms = config.ladder.total
+        self._split = StageLadder.open(Role.SHARED, config.ladder)
         self.waiting: dict[str, Sequence] = {}  # arrival order
         self.steps = 0
         self._emit = emit
         self._handoff = handoff
         self._downstream_active = downstream_active
+        self._downstream_slack = downstream_slack
         self._pressure = pressure
         self._publish = publish
         self._sm = sm
@@ -108,6 +122,8 @@ class SharedStage:
         self._trace_next = 0.0
         self.last_plan_rids: list[str] = []  # prompts admitted by the last iteration (tests)
         self.aborted_before = -math.inf  # requests that arrived at or before this are dropped
+        self.preemptions = 0
+        self._step_s = 0.0  # the last iteration's duration (the next-free estimate)
 
     # -- requests ---------------------------------------------------------------------------
     def prompt_len(self, admit: Admit) -> int:
@@ -185,11 +201,24 @@ class SharedStage:
         sample = self._pressure()
         batcher = self.batcher
         backlog = bool(self.waiting) and len(batcher.running) >= batcher.limits.max_batch
-        decision = self.policy.step(
-            now, downstream_active=active > 0, pressure_sample=sample, backlog=backlog
+        policy = self.policy
+        running: list[RequestSignals] = []
+        down_slack = None
+        if active and policy.slack_split:  # the split reads both sides' slack
+            running = [s.payload.sig for s in batcher.running if s.payload.admit.downstream]
+            down_slack = self._downstream_slack()
+        decision = policy.step(
+            now,
+            downstream_active=active > 0,
+            pressure_sample=sample,
+            backlog=backlog,
+            running=running,
+            downstream_slack=down_slack,
         )
         sm = decision.sm
         self._publish(decision, sample)
+        if backlog and policy.preemption:
+            self._preempt_for_urgent(now)
 
         plan = batcher.plan(
             decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
@@ -237,6 +266,7 @@ class SharedStage:
                 self._finish(seq)
 
         self.steps += 1
+        self._step_s = t2 - now
         self._trace.append(
             (
                 now,
@@ -259,9 +289,35 @@ class SharedStage:
         self.flush_trace()
         return decision
 
+    def _preempt_for_urgent(self, now: float) -> None:
+        """The policy's victim (if it names one) leaves the running set, its KV slot freed,
+        and waits again as a decode continuation that re-prefills its prompt and the tokens it
+        generated (recompute, as vLLM does)."""
+        batcher = self.batcher
+        next_free = min(s.target - s.generated for s in batcher.running) * self._step_s
+        victim = self.policy.preemption_victim(
+            batcher.running, now, _signals, _never_handed, next_free
+        )
+        if victim is None:
+            return
+        batcher.finish(victim)
+        again = Sequence(
+            victim.rid,
+            victim.prompt_len + victim.generated,
+            victim.target,
+            victim.payload,
+            generated=victim.generated,
+            token_times=victim.token_times,
+        )
+        sig = victim.payload.sig
+        sig.preempted += 1
+        self.policy.requeue(sig, now)
+        self.waiting[victim.rid] = again
+        self.preemptions += 1
+
     def _level(self, level: int, sms: int) -> int | None:
-        """The SM count to activate; None = the whole GPU (uncapped, or a full-GPU count)."""
-        return None if level == UNCAPPED or sms >= self.total_sms else sms
+        """The SM count to activate for a step's level (None: the whole GPU)."""
+        return self._split.sms_for(level, sms, 0)
 
     def _finish(self, seq: Sequence) -> None:
         job: SharedJob = seq.payload
@@ -295,14 +351,6 @@ class SharedStage:
 # -- process entry ----------------------------------------------------------------------------
 
 
-def ladder_levels(config: ServingConfig, capped: bool) -> list[int]:
-    """SM counts this process pre-allocates contexts for (the whole GPU needs none)."""
-    if not capped:
-        return []
-    ladder = config.ladder
-    return sorted({*ladder.levels, ladder.aggressive} - {ladder.total})
-
-
 def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     """Process body of the shared stage (see `stages.run_stage`)."""
     from horizonserve.runtime.engine.reference.gpu_control import (
@@ -331,13 +379,17 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     record = ControlRecord.open(cfg.record_path)
     writer = record.decision_writer()
     index = device.index or 0
-    sm = open_sm_cap(device.type, index, ladder_levels(config, cfg.capped))
+    split = StageLadder.open(Role.SHARED, config.ladder, cfg.capped)
+    sm = open_sm_cap(device.type, index, list(split.contexts))
     sampler = open_pressure_sampler(device.type, index)
     max_age_ns = int(cfg.heartbeat_max_age_s * 1e9)
     nan = math.nan
 
     def downstream_active() -> int:
         return record.downstream_active_total(time.monotonic_ns(), max_age_ns)
+
+    def downstream_slack() -> float | None:
+        return record.downstream_min_slack(time.monotonic_ns(), max_age_ns)
 
     def publish(decision: StepDecision, raw: float | None) -> None:
         s = decision.sm
@@ -367,6 +419,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         publish=publish,
         sm=sm,
         trace_interval_s=cfg.trace_interval_s,
+        downstream_slack=downstream_slack,
     )
     if cfg.warmup:
         warmup_ar(executor, stage.batcher, sm)

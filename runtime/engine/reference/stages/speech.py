@@ -29,7 +29,11 @@ from horizonserve.runtime.engine.reference.protocol import (
     Event,
     Handoff,
 )
-from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
+from horizonserve.runtime.engine.reference.stages.admission import (
+    StageQueue,
+    min_slack,
+    slack_order,
+)
 
 STAGE = SPEECH
 DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no length
@@ -120,6 +124,17 @@ class SpeechStage:
         self.pending.clear()
         for seq in list(self.batcher.running):
             self.batcher.finish(seq)
+
+    def min_slack(self) -> float:
+        """Pending first outputs: queued requests and running ones before their first chunk
+        (share left = codes still to make for it / the chunk size)."""
+        chunk = self.chunk
+        started = (
+            (seq.payload.handoff.stamp, (chunk - len(seq.payload.codes)) / chunk)
+            for seq in self.batcher.running
+            if seq.payload.handoff is not None and seq.payload.chunks == 0
+        )
+        return min_slack(self.pending, started, self._clock())
 
     @torch.inference_mode()
     def iterate(self) -> None:
