@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Build HorizonServe's container images without a Docker engine:
+#
+#   1. base      a Debian bookworm root filesystem made by mmdebstrap from Debian packages
+#                (python3 3.11, venv, ca-certificates, passwd), imported as
+#                localhost/horizonserve-base:bookworm-<key>; cached as a tarball, so a warm
+#                run only checks that the image is there;
+#   2. operator  operator/Dockerfile, built by buildah with PYTHON_IMAGE=<base>;
+#   3. serving   images/serving-reference.Dockerfile (the reference engine, `horizonserve
+#                serve`, PyTorch CPU), built by buildah with BASE_IMAGE=<base>.
+#
+#   bash images/build.sh                    # all three; prints the tags and the wall times
+#
+# The vLLM-Omni serving image (runtime/engine/vllm_omni/Dockerfile) starts FROM the upstream
+# vLLM-Omni image, which cannot be pulled here: it is not built (a recipe for a registry-backed
+# build machine).
+#
+# Needs root. Installs mmdebstrap, buildah, podman and runc with apt-get when missing (after
+# `apt-get update`). Builds use buildah's chroot isolation (no OCI runtime needed to build) and
+# the host network (pip reaches PyPI as the host does). torch comes from the CPU wheel in
+# HS_TORCH_WHEEL_DIR (default /opt/wheels, bind-mounted read-only into the build) when it is
+# there; otherwise from PyTorch's CPU wheel index (the Dockerfile's default).
+#
+# Env: HORIZONSERVE_IMAGE_CACHE  base tarball cache (default ~/.cache/horizonserve/images)
+#      HS_IMAGES                 which images: "operator serving" (default both)
+#      HS_DEBIAN_MIRROR          default http://deb.debian.org/debian
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${HORIZONSERVE_IMAGE_CACHE:-$HOME/.cache/horizonserve/images}"
+MIRROR="${HS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+TORCH_WHEEL_DIR="${HS_TORCH_WHEEL_DIR:-/opt/wheels}"
+WANT="${HS_IMAGES:-operator serving}"
+SUITE=bookworm
+BASE_PACKAGES=(python3 python3-venv python-is-python3 ca-certificates passwd)
+TOOLS=(mmdebstrap buildah podman runc)
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf '[images %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ $EUID -eq 0 ]] || die "needs root (mmdebstrap and buildah write /var/lib/containers)"
+VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('$ROOT/pyproject.toml','rb'))['project']['version'])")"
+OPERATOR_TAG="localhost/horizonserve-operator:$VERSION"
+SERVING_TAG="localhost/horizonserve-serving-reference:$VERSION"
+
+# -- tools -------------------------------------------------------------------------------------
+missing=()
+for t in "${TOOLS[@]}"; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+done
+if ((${#missing[@]})); then
+    log "installing ${missing[*]} (apt-get)"
+    apt-get update -q >/dev/null
+    apt-get install -y -q -o Dpkg::Use-Pty=0 mmdebstrap buildah podman runc uidmap >/dev/null
+fi
+
+declare -A WALL
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.build.lock"
+flock 9  # one build at a time on this machine
+
+# -- 1. base -----------------------------------------------------------------------------------
+KEY="$(printf '%s\n' "$SUITE" "$MIRROR" "${BASE_PACKAGES[@]}" minbase-v1 | sha256sum | cut -c1-12)"
+BASE_TAG="localhost/horizonserve-base:$SUITE-$KEY"
+BASE_TAR="$CACHE/base-$SUITE-$KEY.tar"
+t=$SECONDS
+if buildah inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
+    log "base $BASE_TAG present"
+else
+    if [[ ! -s "$BASE_TAR" ]]; then
+        log "mmdebstrap $SUITE (${BASE_PACKAGES[*]}) -> $BASE_TAR"
+        mmdebstrap --quiet --variant=minbase --include="$(IFS=,; echo "${BASE_PACKAGES[*]}")" \
+            --aptopt='Acquire::Retries "3"' --dpkgopt='path-exclude=/usr/share/doc/*' \
+            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+            "$SUITE" "$BASE_TAR.part" "$MIRROR"
+        mv "$BASE_TAR.part" "$BASE_TAR"
+    fi
+    log "importing $BASE_TAR as $BASE_TAG"
+    ctr="$(buildah from scratch)"
+    buildah add --quiet "$ctr" "$BASE_TAR" / >/dev/null
+    buildah config --cmd /bin/bash --env LANG=C.UTF-8 \
+        --label org.opencontainers.image.description="Debian $SUITE minbase + ${BASE_PACKAGES[*]} (mmdebstrap)" \
+        "$ctr"
+    buildah commit --quiet --rm "$ctr" "$BASE_TAG" >/dev/null
+fi
+WALL[base]=$((SECONDS - t))
+
+# pip inside the build trusts what pip on the host trusts (a TLS-intercepting proxy's CA).
+CA_ARGS=()
+HOST_CA="${PIP_CERT:-${SSL_CERT_FILE:-}}"
+if [[ -n "$HOST_CA" && -f "$HOST_CA" ]]; then
+    CA_ARGS=(-v "$HOST_CA:/etc/horizonserve-build-ca.crt:ro"
+        --build-arg PIP_CERT=/etc/horizonserve-build-ca.crt)
+fi
+
+bud() {  # bud TAG DOCKERFILE [buildah args...]
+    local tag="$1" file="$2"
+    shift 2
+    buildah bud --quiet --layers --isolation chroot --network host --pull=never \
+        "${CA_ARGS[@]}" -f "$file" -t "$tag" "$@" "$ROOT"
+}
+
+# -- 2. operator -------------------------------------------------------------------------------
+if [[ " $WANT " == *" operator "* ]]; then
+    t=$SECONDS
+    log "building $OPERATOR_TAG (operator/Dockerfile on $BASE_TAG)"
+    bud "$OPERATOR_TAG" "$ROOT/operator/Dockerfile" --build-arg PYTHON_IMAGE="$BASE_TAG" >/dev/null
+    WALL[operator]=$((SECONDS - t))
+fi
+
+# -- 3. reference serving ----------------------------------------------------------------------
+if [[ " $WANT " == *" serving "* ]]; then
+    t=$SECONDS
+    torch_args=()
+    if compgen -G "$TORCH_WHEEL_DIR/torch-2.13.0+cpu-*.whl" >/dev/null; then
+        torch_args=(-v "$TORCH_WHEEL_DIR:/wheels:ro" --build-arg "TORCH_SPEC=torch==2.13.0+cpu"
+            --build-arg "TORCH_PIP_ARGS=--find-links /wheels")
+    fi
+    log "building $SERVING_TAG (images/serving-reference.Dockerfile on $BASE_TAG)"
+    bud "$SERVING_TAG" "$ROOT/images/serving-reference.Dockerfile" \
+        --build-arg BASE_IMAGE="$BASE_TAG" "${torch_args[@]}" >/dev/null
+    WALL[serving]=$((SECONDS - t))
+fi
+
+for k in base operator serving; do
+    [[ -n "${WALL[$k]:-}" ]] && log "wall $k: ${WALL[$k]} s"
+done
+buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'horizonserve-(base|operator|serving)' >&2 || true
+printf '%s\n' "$OPERATOR_TAG" "$SERVING_TAG"

@@ -1,0 +1,96 @@
+"""Fixtures for the container-image tests: the images images/build.sh built, run by podman.
+
+The images live in this machine's container storage (/var/lib/containers). Without them every
+test here skips with one reason; with HORIZONSERVE_REQUIRE_IMAGES=1 (set by .ci/run after
+building them) a missing image fails instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tomllib
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+OPERATOR_IMAGE = f"localhost/horizonserve-operator:{VERSION}"
+SERVING_IMAGE = f"localhost/horizonserve-serving-reference:{VERSION}"
+SKIP_REASON = (
+    "container images not built: run `bash images/build.sh` (root; installs mmdebstrap, "
+    "buildah, podman and runc)"
+)
+# How this sandbox lets podman run a container: runc (crun refuses the host's hybrid cgroups)
+# and limits no higher than the host's (no CAP_SYS_RESOURCE to raise them).
+PODMAN_RUN = (
+    "podman", "--runtime", "runc", "run", "--rm", "--detach", "--network", "host",
+    "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+)  # fmt: skip
+
+
+def _have(image: str) -> bool:
+    if shutil.which("podman") is None:
+        return False
+    done = subprocess.run(
+        ["podman", "image", "exists", image], capture_output=True, timeout=60, check=False
+    )
+    return done.returncode == 0
+
+
+def require_image(image: str) -> str:
+    if _have(image):
+        return image
+    if os.environ.get("HORIZONSERVE_REQUIRE_IMAGES") == "1":
+        pytest.fail(f"{image} missing although HORIZONSERVE_REQUIRE_IMAGES=1; {SKIP_REASON}")
+    pytest.skip(SKIP_REASON)
+
+
+@pytest.fixture(scope="session")
+def serving_image() -> str:
+    return require_image(SERVING_IMAGE)
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> str:
+    return require_image(OPERATOR_IMAGE)
+
+
+@contextlib.contextmanager
+def container(image: str, command: Sequence[str], args: Sequence[str] = ()) -> Iterator[str]:
+    """Run `image` detached (as its own user, read-only root, no capabilities, like the chart),
+    yield its name; removed on exit."""
+    name = f"hs-test-{uuid.uuid4().hex[:8]}"
+    run = [
+        *PODMAN_RUN, "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", *args, image, *command,
+    ]  # fmt: skip
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"podman run failed: {done.stderr}"
+    try:
+        yield name
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "2", name], capture_output=True, timeout=60)
+
+
+def logs(name: str) -> str:
+    done = subprocess.run(
+        ["podman", "logs", name], capture_output=True, text=True, timeout=60, check=False
+    )
+    return done.stdout + done.stderr
+
+
+def running(name: str) -> bool:
+    done = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Running}}", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout.strip() == "true"
