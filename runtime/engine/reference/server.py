@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -135,6 +136,32 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 refused the request head (bad or repeated Content-Length, a negative length,
+        a malformed line): the API's JSON error shape, then close the connection."""
+        body = json.dumps(
+            {
+                "error": "request: not a valid HTTP request (request line, headers or framing "
+                "such as a bad or repeated Content-Length); fix the client",
+                "field": "request",
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        try:
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # a response had already started: just close
+            pass
+        self.transport.close()
 
 
 def _error(err: ApiError) -> JSONResponse:
