@@ -59,6 +59,11 @@ _TRAITS: dict[PolicyName, PolicyTraits] = {
 }
 
 
+def traits_of(name: PolicyName | str) -> PolicyTraits:
+    """What a policy does (engines read it to pick a GPU-sharing mode)."""
+    return _TRAITS[PolicyName(name)]
+
+
 @dataclass(slots=True, frozen=True)
 class StepDecision:
     view: StepView

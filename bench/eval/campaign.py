@@ -43,29 +43,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from horizonserve.runtime.sim import systems as _registry  # the one name per system
+
 log = logging.getLogger("campaign")
 
 # system -> (policy, MPS flag): the engine picks the GPU-sharing mode from these (gpu_control).
 SYSTEMS: dict[str, tuple[str, bool]] = {
-    "horizon": ("horizon", False),
-    "horizon-no-rotation": ("horizon-no-rotation", False),
-    "horizon-no-throttling": ("horizon-no-throttling", False),
-    "mps": ("fcfs", True),
-    "edf-mps": ("edf", True),
-    "fcfs": ("fcfs", False),
-    "edf": ("edf", False),
+    name: (s.policy.value, s.mps) for name, s in _registry.SYSTEMS.items()
 }
-LABELS = {
-    "horizon": "HorizonServe",
-    "fcfs": "Vanilla (FCFS)",
-    "edf": "EDF",
-    "mps": "MPS",
-    "edf-mps": "EDF-MPS",
-    "horizon-no-rotation": "w/o path rotation",
-    "horizon-no-throttling": "w/o SM throttling",
-}
-MAIN = ("horizon", "fcfs", "edf", "mps", "edf-mps")
-ABLATIONS = ("horizon-no-rotation", "horizon-no-throttling")
+LABELS = {name: s.label for name, s in _registry.SYSTEMS.items()}
+MAIN = _registry.MAIN
+ABLATIONS = _registry.ABLATIONS
 ALL = (*MAIN, *ABLATIONS)
 MODE_ORDER = ("mps-gc", "mps", "timeslice")  # a fixed order of the groups
 

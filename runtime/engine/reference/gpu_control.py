@@ -35,6 +35,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from horizonserve.runtime.policy import traits_of
+
 if TYPE_CHECKING:
     from horizonserve.runtime.gpu import SmLadderContexts
 
@@ -49,16 +51,16 @@ MPS = "mps"
 MPS_GC = "mps-gc"
 GC = "gc"
 SHARING_MODES = (TIMESLICE, MPS, MPS_GC, GC)
-THROTTLING_POLICIES = ("horizon", "horizon-no-rotation")
 
 
 def sharing_for(policy: str, *, mps: bool, cuda: bool, mps_available: bool = True) -> str:
     """The GPU-sharing mode a policy runs under (see the module docstring)."""
     if not cuda:
         return TIMESLICE  # CPU: nothing to share, nothing to cap
-    if policy in THROTTLING_POLICIES:
+    traits = traits_of(policy)
+    if traits.throttling:
         return MPS_GC if mps_available else GC
-    if mps or policy == "horizon-no-throttling":
+    if mps or traits.rotation:  # w/o SM throttling: HorizonServe's policy uncapped, under MPS
         return MPS if mps_available else TIMESLICE
     return TIMESLICE
 
