@@ -174,6 +174,24 @@ class PressureCalibration(_Model):
     noise_sd: float = Field(0.0, ge=0, le=0.5)
 
 
+class FitProvenance(_Model):
+    """How an entry's contention factors were fitted to measured runs (`calibrate fit`)."""
+
+    runs: list[str] = Field(min_length=1, description="Campaign directories fitted to.")
+    date: str = Field(description="ISO-8601 time of the fit.")
+    base: str = Field(description="The artifact the fit started from.")
+    deploy_profile: str | None = None
+    warmup_s: float = Field(0.0, ge=0, description="Requests before this arrival are not scored.")
+    factors: dict[str, float] = Field(description="Fitted multipliers, factor → value.")
+    fit_items: list[str] = Field(description="point/system items the fit saw.")
+    holdout_items: list[str] = Field(default_factory=list, description="Items held out.")
+    residuals_pp: dict[str, float] = Field(description="Simulated − measured, per item, pp.")
+    mae_in_pp: float
+    mae_out_pp: float | None = None
+    largest_miss: str = Field(description="The item with the largest |residual|.")
+    note: str = ""
+
+
 class PipelineCalibration(_Model):
     pipeline: str = Field(min_length=1, description="qwen2_5_omni, mimo_audio or bagel.")
     model: str = Field(min_length=1)
@@ -198,6 +216,7 @@ class PipelineCalibration(_Model):
     notes: dict[str, str] = Field(
         default_factory=dict, description="Provenance of individual fields (field → source)."
     )
+    fit: FitProvenance | None = Field(None, description="Set when factors were fitted to runs.")
     deploy_profile: str | None = Field(
         None,
         description="Deploy profile (engine.deploy) the engine ran when this was measured; the "

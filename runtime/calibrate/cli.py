@@ -16,7 +16,10 @@ Resumable: `--resume` keeps finished phases in `<out-dir>/<pipelines>.checkpoint
 them when the same command runs again (a device call cut by its time limit continues); the file
 is removed once the artifact is written.
 
-    horizonserve calibrate fit --records RUN --out ARTIFACT   (runtime.calibrate.fit_cli)
+    horizonserve calibrate fit --records RUN --out ARTIFACT [--holdout-points r10,r6-l60]
+
+`fit` fits the contention factors the calibration cannot isolate to a measured campaign
+(`horizonserve.runtime.sim.fit`) and writes a new artifact version with its provenance.
 """
 
 from __future__ import annotations
@@ -82,6 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub = parser.add_subparsers(dest="calibrate_action", metavar="ACTION")
+    fit = sub.add_parser(
+        "fit",
+        help="fit contention factors to a measured campaign; write a new artifact version",
+        description="Fit the simulator's remaining contention factors to recorded campaign "
+        "runs (simulated vs measured attainment per point x system) and write the artifact.",
+    )
+    from horizonserve.runtime.sim.fit import add_fit_arguments
+
+    add_fit_arguments(fit)
 
 
 def _slug(text: str) -> str:
@@ -162,6 +175,14 @@ def check_environment(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "calibrate_action", None) == "fit":
+        from horizonserve.runtime.sim.fit import run_fit
+
+        try:
+            return run_fit(args)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"horizonserve calibrate fit: {exc}", file=sys.stderr)
+            return 2
     try:
         return _run(args)
     except CalibrateError as exc:

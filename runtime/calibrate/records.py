@@ -1,0 +1,156 @@
+"""Measured campaign runs, as the fit reads them (`bench/eval/campaign.py` writes them).
+
+A campaign directory holds `plan.json` (points: rate, long-path share, seed, duration and the
+request list; items: point × system × repetition; the SLO table) and one folder per device
+session `s*/` with `summary.json` (item status, which items were run again) and
+`records.jsonl.gz`: one gzip member per item, a JSON line per request (class, path, arrival
+offset, first response, `slo_met`). An item counts from the last session that ran it with
+status ok, where a later session replaces an earlier one only when it re-ran it on purpose
+(`redo`) — the rule of the campaign's own report. Attainment is recomputed from the records:
+every request of the item counts; one without a first response is a miss. With `warmup_s`,
+only requests that arrived at or after it count (the steady-state view).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def read_members(path: Path) -> list[Any]:
+    """JSON lines from a file of concatenated gzip members; a truncated last member is
+    skipped (a run cut while writing it), a missing file is empty."""
+    data = path.read_bytes() if path.exists() else b""
+    out: list[Any] = []
+    while data:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            text = d.decompress(data)
+        except zlib.error:
+            break
+        if not d.eof:
+            break
+        out.extend(json.loads(line) for line in text.decode().splitlines() if line.strip())
+        data = d.unused_data
+    return out
+
+
+@dataclass(frozen=True)
+class CampaignPoint:
+    id: str
+    rate: float
+    long_ratio: float | None
+    seed: int
+    duration_s: float
+    n_requests: int
+
+
+@dataclass(frozen=True)
+class MeasuredItem:
+    """One point × system, the mean over its repetitions."""
+
+    point: str
+    system: str
+    attainment: float
+    short_attainment: float | None
+    long_attainment: float | None
+    reps: tuple[float, ...]  # attainment of each repetition
+    sessions: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.point}/{self.system}"
+
+
+@dataclass(frozen=True)
+class Campaign:
+    path: str
+    pipeline: str
+    targets_s: dict[str, float]  # the SLO the campaign measured against, per class
+    multiplier: float
+    artifact_path: str
+    points: dict[str, CampaignPoint]
+    items: dict[str, MeasuredItem]  # key "point/system"
+    warmup_s: float = 0.0
+    superseded: list[str] = field(default_factory=list)
+
+
+def _share(records: list[dict[str, Any]], path: str | None) -> float | None:
+    rs = [r for r in records if path is None or r["path"] == path]
+    return sum(1 for r in rs if r["slo_met"]) / len(rs) if rs else None
+
+
+def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
+    """The measured items of campaign directory `run` (module docstring)."""
+    root = Path(run)
+    plan_file = root / "plan.json"
+    if not plan_file.is_file():
+        raise FileNotFoundError(f"--records {root}: no plan.json (not a campaign directory)")
+    plan = json.loads(plan_file.read_text())
+    chosen: dict[str, tuple[str, list[dict[str, Any]], dict[str, Any]]] = {}
+    superseded: list[str] = []
+    for sdir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("s")):
+        if not (sdir / "summary.json").exists():
+            continue
+        summary = json.loads((sdir / "summary.json").read_text())
+        recs = {m["item"]: m["records"] for m in read_members(sdir / "records.jsonl.gz")}
+        redo = set(summary.get("redo", ()))
+        for item_id, meta in summary.get("items", {}).items():
+            if meta.get("status") != "ok" or item_id not in recs:
+                continue
+            if item_id in chosen:
+                if item_id not in redo:
+                    continue
+                superseded.append(f"{item_id} ({chosen[item_id][0]} → {sdir.name})")
+            chosen[item_id] = (sdir.name, recs[item_id], meta)
+    groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+    for session, recs, meta in chosen.values():
+        kept = [r for r in recs if r.get("arrival_offset_s", 0.0) >= warmup_s]
+        groups.setdefault(f"{meta['point']}/{meta['system']}", []).append((session, kept))
+    items: dict[str, MeasuredItem] = {}
+    for key, reps in sorted(groups.items()):
+        point, system = key.split("/", 1)
+        att = [_share(r, None) for _s, r in reps]
+        att_ok = [a for a in att if a is not None]
+        if not att_ok:
+            continue
+
+        def mean(path: str, reps: list[tuple[str, list[dict[str, Any]]]] = reps) -> float | None:
+            xs = [x for _s, r in reps if (x := _share(r, path)) is not None]
+            return statistics.fmean(xs) if xs else None
+
+        items[key] = MeasuredItem(
+            point=point,
+            system=system,
+            attainment=statistics.fmean(att_ok),
+            short_attainment=mean("short"),
+            long_attainment=mean("long"),
+            reps=tuple(att_ok),
+            sessions=tuple(s for s, _r in reps),
+        )
+    points = {
+        pid: CampaignPoint(
+            id=pid,
+            rate=float(p["rate"]),
+            long_ratio=p.get("long_ratio"),
+            seed=int(p["seed"]),
+            duration_s=float(p["duration_s"]),
+            n_requests=len(p["requests"]),
+        )
+        for pid, p in plan["points"].items()
+    }
+    return Campaign(
+        path=str(root),
+        pipeline=plan["pipeline"],
+        targets_s={k: float(v) for k, v in plan["slo"].items()},
+        multiplier=float(plan["serving_config"]["slo"]["multiplier"]),
+        artifact_path=plan["artifact"]["path"],
+        points=points,
+        items=items,
+        warmup_s=warmup_s,
+        superseded=superseded,
+    )

@@ -1,0 +1,494 @@
+"""Fit the contention factors the calibration cannot isolate to measured campaign runs.
+
+The calibration measures each stage alone and against a synthetic co-runner; what it cannot see
+is how much the stages slow each other under the real mix (the talker next to a thinker that
+prefills and decodes bursts, with code2wav in the same loop). Those few factors are fitted here:
+each is a multiplier on one group of artifact numbers (`FACTORS`), the simulator replays every
+measured item (point × system) on the campaign's own requests (the trace regenerated from the
+point's seed and checked against the plan's request count) with the campaign's SLO table and
+the deploy profile the engine ran, and a bounded compass search in log space minimises the mean
+absolute attainment error over the items it may see. Items held out are only predicted.
+
+Deterministic: one simulator seed per point (the point's own), so the objective is a fixed
+function of the factors; a finite trace makes it piecewise constant, hence a direct search
+rather than gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path as FsPath
+from typing import Any
+
+from horizonserve.runtime.calibrate import derive
+from horizonserve.runtime.calibrate.artifact import (
+    CalibrationArtifact,
+    FitProvenance,
+    PipelineCalibration,
+    SmCurve,
+    load_artifact,
+)
+from horizonserve.runtime.calibrate.records import Campaign, read_campaign
+from horizonserve.runtime.config import Path, load_pipeline
+from horizonserve.runtime.sim.engine import simulate
+from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
+
+
+def _scale_curve(curve: dict[str, Any], a: float, floor: float = 1.0) -> None:
+    curve["values"] = [max(floor, round(v * a, 6)) for v in curve["values"]]
+
+
+def _first_down_partition(p: dict[str, Any], a: float) -> None:
+    _scale_curve(p["downstream"][0]["corun_factor"], a)
+
+
+def _down_mps(p: dict[str, Any], a: float) -> None:
+    p["sharing"]["mps_downstream_factor"] = max(1.0, p["sharing"]["mps_downstream_factor"] * a)
+
+
+def _down_timeslice(p: dict[str, Any], a: float) -> None:
+    s = p["sharing"]
+    s["timeslice_downstream_factor"] = max(1.0, s["timeslice_downstream_factor"] * a)
+
+
+def _shared_partition(p: dict[str, Any], a: float) -> None:
+    """The shared stage's co-run excess below S_tot (its partition factors), × a."""
+    total = p["ladder"]["total"]
+    for key in ("corun_decode_factor", "corun_prefill_factor"):
+        c = p["shared"][key]
+        c["values"] = [
+            v if s >= total else max(1.0, round(1 + (v - 1) * a, 6))
+            for s, v in zip(c["sms"], c["values"], strict=True)
+        ]
+
+
+def _shared_full(p: dict[str, Any], a: float) -> None:
+    """The shared stage's co-run excess at S_tot (both on the whole GPU: time-sliced, and MPS
+    through its share of that excess), × a."""
+    total = p["ladder"]["total"]
+    for key in ("corun_decode_factor", "corun_prefill_factor"):
+        c = p["shared"][key]
+        c["values"] = [
+            max(1.0, round(1 + (v - 1) * a, 6)) if s >= total else v
+            for s, v in zip(c["sms"], c["values"], strict=True)
+        ]
+
+
+def _shared_prefill(p: dict[str, Any], a: float) -> None:
+    """Prefill seconds per token at every SM count, × a (the engine pads a batch's prompts to
+    the longest one and to a length bucket; the simulator counts real tokens)."""
+    c = p["shared"]["prefill_token_s"]
+    c["values"] = [round(v * a, 12) for v in c["values"]]
+
+
+@dataclass(frozen=True)
+class Factor:
+    name: str
+    what: str
+    apply: Callable[[dict[str, Any], float], None]
+    lo: float = 0.25
+    hi: float = 8.0
+
+
+FACTORS: dict[str, Factor] = {
+    f.name: f
+    for f in (
+        Factor(
+            "down_partition",
+            "first downstream stage's co-run factor next to the capped shared stage (Green "
+            "Context split; the talker for Qwen2.5-Omni)",
+            _first_down_partition,
+        ),
+        Factor("down_mps", "downstream co-run factor under MPS, uncapped", _down_mps),
+        Factor("down_timeslice", "downstream co-run factor time-sliced", _down_timeslice),
+        Factor(
+            "shared_partition",
+            "excess of the shared stage's co-run factors below S_tot",
+            _shared_partition,
+            lo=0.0,
+        ),
+        Factor(
+            "shared_full",
+            "excess of the shared stage's co-run factors at S_tot (time-sliced; MPS keeps "
+            "its measured share of it)",
+            _shared_full,
+            lo=0.0,
+        ),
+        Factor("shared_prefill", "prefill cost per token (padding)", _shared_prefill, lo=0.5),
+    )
+}
+DEFAULT_FACTORS = (
+    "down_partition",
+    "down_mps",
+    "down_timeslice",
+    "shared_partition",
+    "shared_full",
+    "shared_prefill",
+)
+
+
+def apply_factors(cal: PipelineCalibration, factors: dict[str, float]) -> PipelineCalibration:
+    data = cal.model_dump()
+    for name, a in factors.items():
+        FACTORS[name].apply(data, a)
+    return PipelineCalibration.model_validate(data)
+
+
+@dataclass
+class Replay:
+    """The simulator on a campaign's items, for one artifact entry (traces built once)."""
+
+    campaign: Campaign
+    artifact: CalibrationArtifact
+    deploy_profile: str | None
+    _traces: dict[str, Trace] = field(default_factory=dict)
+
+    def trace(self, pid: str) -> Trace:
+        if pid not in self._traces:
+            c = self.campaign
+            p = c.points[pid]
+            wl = load_workload(c.pipeline)
+            classes = load_pipeline(c.pipeline).slo.classes
+            long = tuple(x.name for x in classes if x.path is Path.LONG)
+            mix = mix_weights(wl, long, p.long_ratio)
+            tr = generate(
+                wl, mix, rate=p.rate, duration_s=p.duration_s, warmup_s=c.warmup_s, seed=p.seed
+            )
+            if len(tr) != p.n_requests:
+                raise ValueError(
+                    f"{pid}: regenerated trace has {len(tr)} requests, the campaign "
+                    f"{p.n_requests}: the workload changed since it ran"
+                )
+            self._traces[pid] = tr
+        return self._traces[pid]
+
+    def setup(self, cal: PipelineCalibration) -> SimSetup:
+        c = self.campaign
+        art = self.artifact.model_copy(
+            update={"pipelines": {**self.artifact.pipelines, c.pipeline: cal}}
+        )
+        setup = SimSetup.load(c.pipeline, art, deploy_profile=self.deploy_profile)
+        p95 = {k: v / c.multiplier for k, v in c.targets_s.items()}
+        return setup.with_solo_p95(p95, f"campaign {c.path} SLO table", c.multiplier)
+
+    def attainment(self, cal: PipelineCalibration, keys: Iterable[str]) -> dict[str, float]:
+        setup = self.setup(cal)
+        out = {}
+        for key in keys:
+            it = self.campaign.items[key]
+            point = self.campaign.points[it.point]
+            r = simulate(setup, self.trace(it.point), it.system, seed=point.seed)
+            a = r.attainment()
+            out[key] = 0.0 if math.isnan(a) else a
+        return out
+
+
+def errors_pp(sim: dict[str, float], campaign: Campaign) -> dict[str, float]:
+    """Simulated − measured attainment per item, percentage points."""
+    return {k: 100 * (v - campaign.items[k].attainment) for k, v in sim.items()}
+
+
+def mae(err: dict[str, float], keys: Iterable[str] | None = None) -> float:
+    ks = list(err if keys is None else keys)
+    return statistics.fmean(abs(err[k]) for k in ks) if ks else float("nan")
+
+
+@dataclass
+class FitResult:
+    factors: dict[str, float]
+    before: dict[str, float]  # item → simulated attainment with the base entry
+    after: dict[str, float]  # ... with the fitted entry
+    fit_items: list[str]
+    holdout_items: list[str]
+    evaluations: int
+    history: list[tuple[dict[str, float], float]]
+    cal: PipelineCalibration
+
+    def residuals(self, campaign: Campaign) -> dict[str, float]:
+        return errors_pp(self.after, campaign)
+
+    def largest_miss(self, campaign: Campaign) -> str:
+        err = self.residuals(campaign)
+        k = max(err, key=lambda x: abs(err[x]))
+        return f"{k} ({err[k]:+.1f} pp)"
+
+
+def compass_search(
+    f: Callable[[dict[str, float]], float],
+    names: Sequence[str],
+    x0: dict[str, float],
+    *,
+    step: float = 1.0,
+    min_step: float = 1 / 32,
+    max_evals: int = 200,
+) -> tuple[dict[str, float], float, list[tuple[dict[str, float], float]]]:
+    """Minimise f over the factors `names` by a compass search in log2 space, inside each
+    factor's [lo, hi]: try ± step on every coordinate, move on the first improvement, halve
+    the step when none improves. Returns (best x, best value, history)."""
+    x = dict(x0)
+    hist: list[tuple[dict[str, float], float]] = []
+
+    def ev(z: dict[str, float]) -> float:
+        v = f(z)
+        hist.append((dict(z), v))
+        return v
+
+    best = ev(x)
+    while step >= min_step and len(hist) < max_evals:
+        moved = False
+        for name in names:
+            fac = FACTORS[name]
+            for sign in (1, -1):
+                cur = x[name]
+                base = math.log2(cur) if cur > 0 else math.log2(max(fac.lo, 1 / 64))
+                cand = min(fac.hi, max(fac.lo, 2 ** (base + sign * step)))
+                if cur == 0 and sign < 0:
+                    continue
+                if fac.lo == 0 and sign < 0 and cand <= 1 / 64:
+                    cand = 0.0
+                if cand == cur:
+                    continue
+                z = {**x, name: cand}
+                v = ev(z)
+                if v < best - 1e-9:
+                    x, best, moved = z, v, True
+                    break
+                if len(hist) >= max_evals:
+                    break
+        if not moved:
+            step /= 2
+    return x, best, hist
+
+
+def fit(
+    replay: Replay,
+    base: PipelineCalibration,
+    fit_items: Sequence[str],
+    holdout_items: Sequence[str] = (),
+    names: Sequence[str] = DEFAULT_FACTORS,
+    *,
+    max_evals: int = 200,
+    progress: Callable[[int, float], None] | None = None,
+) -> FitResult:
+    """Fit `names` on `fit_items` (module docstring); predict `holdout_items` after."""
+    unknown = [n for n in names if n not in FACTORS]
+    if unknown:
+        raise ValueError(f"unknown factors {unknown}; known: {sorted(FACTORS)}")
+    all_items = [*fit_items, *holdout_items]
+    before = replay.attainment(base, all_items)
+    n = [0]
+
+    def objective(x: dict[str, float]) -> float:
+        sim = replay.attainment(apply_factors(base, x), fit_items)
+        v = mae(errors_pp(sim, replay.campaign))
+        n[0] += 1
+        if progress is not None:
+            progress(n[0], v)
+        return v
+
+    x, _best, hist = compass_search(objective, names, {k: 1.0 for k in names}, max_evals=max_evals)
+    cal = apply_factors(base, x)
+    after = replay.attainment(cal, all_items)
+    return FitResult(
+        factors={k: round(v, 4) for k, v in x.items()},
+        before=before,
+        after=after,
+        fit_items=list(fit_items),
+        holdout_items=list(holdout_items),
+        evaluations=len(hist),
+        history=hist,
+        cal=cal,
+    )
+
+
+def provenance(
+    result: FitResult, campaign: Campaign, base_name: str, profile: str | None, note: str = ""
+) -> FitProvenance:
+    err = result.residuals(campaign)
+    return FitProvenance(
+        runs=[campaign.path],
+        date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        base=base_name,
+        deploy_profile=profile,
+        warmup_s=campaign.warmup_s,
+        factors=result.factors,
+        fit_items=result.fit_items,
+        holdout_items=result.holdout_items,
+        residuals_pp={k: round(v, 2) for k, v in err.items()},
+        mae_in_pp=round(mae(err, result.fit_items), 2),
+        mae_out_pp=round(mae(err, result.holdout_items), 2) if result.holdout_items else None,
+        largest_miss=result.largest_miss(campaign),
+        note=note,
+    )
+
+
+# -- `horizonserve calibrate fit` -------------------------------------------------------------
+def add_fit_arguments(p: Any) -> None:
+    p.add_argument("--records", required=True, help="campaign directory (plan.json, s*/)")
+    p.add_argument("--out", required=True, help="the fitted artifact to write (JSON)")
+    p.add_argument(
+        "--base", help="artifact to start from (default: the one the campaign ran, its plan)"
+    )
+    p.add_argument(
+        "--deploy-profile",
+        default="tuned",
+        help="deploy profile the campaign's engine ran (engine.deploy; default tuned)",
+    )
+    p.add_argument("--fit-points", help="points the fit may see, comma separated (default all)")
+    p.add_argument("--holdout-points", default="", help="points only predicted, comma separated")
+    p.add_argument(
+        "--factors",
+        default=",".join(DEFAULT_FACTORS),
+        help=f"factors to fit (default {','.join(DEFAULT_FACTORS)}; known: {','.join(FACTORS)})",
+    )
+    p.add_argument("--warmup-s", type=float, default=0.0, help="score arrivals after this only")
+    p.add_argument("--calibration-raw", help="raw log of the base's calibration: adds the "
+                   "per-SM decode slope (decode_slope_scale) before fitting")  # fmt: skip
+    p.add_argument("--max-evals", type=int, default=300, help="simulated evaluations at most")
+
+
+def _points(text: str | None, campaign: Campaign, flag: str) -> list[str]:
+    if not text:
+        return []
+    pts = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in pts if x not in campaign.points]
+    if unknown:
+        raise ValueError(
+            f"{flag}: unknown points {unknown}; the campaign has {sorted(campaign.points)}"
+        )
+    return pts
+
+
+def run_fit(args: Any) -> int:
+    """The fit as a command: writes the artifact and `<out>.fit.json` (per-item table)."""
+    campaign = read_campaign(args.records, warmup_s=args.warmup_s)
+    base_path = args.base or campaign.artifact_path
+    art = load_artifact(base_path)
+    names = [x.strip() for x in args.factors.split(",") if x.strip()]
+    holdout = _points(args.holdout_points, campaign, "--holdout-points")
+    fit_pts = _points(args.fit_points, campaign, "--fit-points") or [
+        p for p in campaign.points if p not in holdout
+    ]
+    keys = list(campaign.items)
+    fit_items = [k for k in keys if campaign.items[k].point in fit_pts]
+    hold_items = [k for k in keys if campaign.items[k].point in holdout]
+    if not fit_items:
+        raise ValueError(f"--fit-points: no measured item at {fit_pts}")
+    base = art.pipeline(campaign.pipeline)
+    note = ""
+    if args.calibration_raw:
+        base = with_slope_from_raw(base, args.calibration_raw)
+        note = f"decode_slope_scale from {args.calibration_raw}. "
+    replay = Replay(campaign, art, args.deploy_profile)
+
+    def progress(n: int, v: float) -> None:
+        if n % 20 == 0:
+            print(f"[fit] {n} evaluations, in-sample MAE {v:.2f} pp", flush=True)
+
+    result = fit(
+        replay, base, fit_items, hold_items, names, max_evals=args.max_evals, progress=progress
+    )
+    prov = provenance(
+        result,
+        campaign,
+        str(base_path),
+        args.deploy_profile,
+        note + "Fitted multipliers stand for what the simulator does not model structurally "
+        "(see bench/results/sim-fit/README.md); holdout items are from the same campaign.",
+    )
+    cal = result.cal.model_copy(update={"fit": prov, "deploy_profile": args.deploy_profile})
+    when = prov.date
+    out_art = art.model_copy(
+        update={
+            "pipelines": {**art.pipelines, campaign.pipeline: cal},
+            "created": when,
+            "source": (
+                f"fitted by `horizonserve calibrate fit` on {when} to the measured campaign "
+                f"{campaign.path} (pipeline {campaign.pipeline}: factors {prov.factors}, "
+                f"in-sample MAE {prov.mae_in_pp} pp, holdout {prov.mae_out_pp} pp), starting "
+                f"from {base_path}: {art.source}"
+            ),
+        }
+    )
+    out = FsPath(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(out_art.model_dump_json(indent=2) + "\n")
+    table = fit_table(result, campaign)
+    report = out.with_name(out.stem + ".fit.json")
+    report.write_text(
+        json.dumps({"provenance": prov.model_dump(), "items": table}, indent=1) + "\n"
+    )
+    print(format_fit(result, campaign, prov))
+    print(f"artifact: {out}; per-item table: {report}")
+    return 0
+
+
+def with_slope_from_raw(cal: PipelineCalibration, raw_path: str) -> PipelineCalibration:
+    """`cal` with decode_slope_scale derived from a calibration raw log (its decode sweeps)."""
+    with open(raw_path) as f:
+        raw = json.load(f)
+    iso = raw["iso"]
+    b8 = {int(s): v["p50_s"] for s, v in iso["decode_b8"]["levels"].items() if "p50_s" in v}
+    b1 = {int(s): v["p50_s"] for s, v in iso["decode_b1"]["levels"].items() if "p50_s" in v}
+    sh = cal.shared
+    ks = derive.slope_scale(
+        b8, b1, sh.decode_seq_frac, sh.decode_ctx_frac, iso["decode_b8"]["context"],
+        iso["decode_b1"]["context"], cal.ladder.total,
+    )  # fmt: skip
+    pts = {s: round(v, 4) for s, v in sorted(ks.items()) if v > 0}
+    if len(pts) < 2:
+        return cal
+    curve = SmCurve(sms=list(pts), values=list(pts.values()))
+    notes = {**cal.notes, "shared.decode_slope_scale": f"measured: from {raw_path} decode sweeps"}
+    shared = sh.model_copy(update={"decode_slope_scale": curve})
+    return cal.model_copy(update={"shared": shared, "notes": dict(sorted(notes.items()))})
+
+
+def fit_table(result: FitResult, campaign: Campaign) -> list[dict[str, Any]]:
+    rows = []
+    for k in [*result.fit_items, *result.holdout_items]:
+        m = campaign.items[k]
+        rows.append(
+            {
+                "item": k,
+                "set": "fit" if k in result.fit_items else "holdout",
+                "measured": round(100 * m.attainment, 2),
+                "reps": len(m.reps),
+                "sim_base": round(100 * result.before[k], 2),
+                "sim_fitted": round(100 * result.after[k], 2),
+                "error_base_pp": round(100 * (result.before[k] - m.attainment), 2),
+                "error_fitted_pp": round(100 * (result.after[k] - m.attainment), 2),
+            }
+        )
+    return rows
+
+
+def format_fit(result: FitResult, campaign: Campaign, prov: FitProvenance) -> str:
+    before = errors_pp(result.before, campaign)
+    lines = [
+        f"fit to {campaign.path} ({len(result.fit_items)} items; {len(result.holdout_items)} "
+        f"held out), {result.evaluations} evaluations — SIMULATED vs measured attainment, %",
+        f"factors: {prov.factors}",
+        f"{'item':30} {'set':8} {'measured':>9} {'base':>7} {'fitted':>7} {'error pp':>9}",
+    ]
+    for row in fit_table(result, campaign):
+        lines.append(
+            f"{row['item']:30} {row['set']:8} {row['measured']:>9.1f} {row['sim_base']:>7.1f} "
+            f"{row['sim_fitted']:>7.1f} {row['error_fitted_pp']:>+9.1f}"
+        )
+    lines.append(
+        f"MAE in-sample {prov.mae_in_pp:.2f} pp (base {mae(before, result.fit_items):.2f}); "
+        + (
+            f"holdout {prov.mae_out_pp:.2f} pp (base {mae(before, result.holdout_items):.2f}); "
+            if prov.mae_out_pp is not None
+            else ""
+        )
+        + f"largest miss {prov.largest_miss}"
+    )
+    return "\n".join(lines)

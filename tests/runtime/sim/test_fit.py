@@ -1,0 +1,118 @@
+"""`horizonserve calibrate fit`: the fit recovers known factors from synthetic records, reads
+the committed H200 campaign the way its report does, and its artifact round-trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from horizonserve.runtime.calibrate.artifact import load_artifact, load_packaged
+from horizonserve.runtime.calibrate.records import (
+    Campaign,
+    CampaignPoint,
+    MeasuredItem,
+    read_campaign,
+)
+from horizonserve.runtime.cli import main
+from horizonserve.runtime.sim.fit import (
+    FACTORS,
+    Replay,
+    apply_factors,
+    compass_search,
+    errors_pp,
+    fit,
+    mae,
+)
+from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.workload import generate, load_workload, mix_weights
+
+ROOT = Path(__file__).resolve().parents[3]
+CAMPAIGN = ROOT / "bench/results/h200-eval/qwen2_5_omni-2"
+PIPE = "qwen2_5_omni"
+
+
+def _synthetic_campaign(truth: dict[str, float]) -> tuple[Campaign, Replay]:
+    """Records made by the simulator itself under `truth`: what a perfect model would fit."""
+    art = load_packaged("h200-measured.json")
+    setup = SimSetup.load(PIPE, art)
+    targets = setup.targets()
+    wl = load_workload(PIPE)
+    points = {}
+    for pid, rate in (("a", 9.0), ("b", 11.0)):
+        mix = mix_weights(wl, setup.long_classes, None)
+        n = len(generate(wl, mix, rate=rate, duration_s=24.0, seed=3))
+        points[pid] = CampaignPoint(pid, rate, None, 3, 24.0, n)
+    skeleton = Campaign("synthetic", PIPE, targets, 5.0, "h200-measured.json", points, {})
+    replay = Replay(skeleton, art, "tuned")
+    keys = [f"{p}/{s}" for p in points for s in ("fcfs", "edf", "mps", "edf-mps")]
+    stub = {k: MeasuredItem(*k.split("/"), 0.0, None, None, (0.0,), ("s",)) for k in keys}
+    replay.campaign = Campaign(**{**vars(skeleton), "items": stub})
+    true_cal = apply_factors(art.pipeline(PIPE), truth)
+    measured = replay.attainment(true_cal, keys)
+    items = {
+        k: MeasuredItem(*k.split("/"), a, None, None, (a,), ("synthetic",))
+        for k, a in measured.items()
+    }
+    replay.campaign = Campaign(**{**vars(skeleton), "items": items})
+    return replay.campaign, replay
+
+
+def test_fit_recovers_known_factors_from_synthetic_records() -> None:
+    truth = {"down_mps": 1.8, "down_timeslice": 1.5}
+    campaign, replay = _synthetic_campaign(truth)
+    base = load_packaged("h200-measured.json").pipeline(PIPE)
+    start = mae(errors_pp(replay.attainment(base, list(campaign.items)), campaign))
+    assert start > 3.0  # the base is visibly wrong on these records
+    res = fit(replay, base, list(campaign.items), names=list(truth), max_evals=40)
+    err = mae(res.residuals(campaign))
+    assert err <= 0.5, (res.factors, err)
+    for name, value in truth.items():  # piecewise-constant objective: close, not exact
+        assert value / 1.25 <= res.factors[name] <= value * 1.25, res.factors
+
+
+def test_compass_search_stays_in_bounds_and_finds_a_quadratic_minimum() -> None:
+    target = {"down_mps": 3.0, "shared_full": 0.0}
+
+    def f(x: dict[str, float]) -> float:
+        return (x["down_mps"] - target["down_mps"]) ** 2 + x["shared_full"] ** 2
+
+    x, best, hist = compass_search(f, list(target), {"down_mps": 1.0, "shared_full": 1.0})
+    assert abs(x["down_mps"] - 3.0) < 0.1 and x["shared_full"] == 0.0 and best < 0.01
+    for z, _v in hist:
+        for k, v in z.items():
+            assert FACTORS[k].lo <= v <= FACTORS[k].hi
+
+
+def test_campaign_reader_matches_the_report() -> None:
+    """The committed campaign: later sessions replace earlier ones only on --redo, and the
+    attainment recomputed from the records equals the report's (results.json)."""
+    c = read_campaign(CAMPAIGN)
+    report = json.loads((CAMPAIGN / "results.json").read_text())["points"]
+    assert len(c.items) == sum(len(v) for v in report.values()) == 22
+    for it in c.items.values():
+        assert it.attainment == pytest.approx(report[it.point][it.system]["attainment"])
+    assert c.items["r8/horizon"].reps == pytest.approx((0.8603, 0.8646), abs=1e-4)
+    assert "r6/fcfs/rep1 (s0 → s3)" in c.superseded
+    late = read_campaign(CAMPAIGN, warmup_s=10.0)
+    assert late.items["r8/mps"].attainment != c.items["r8/mps"].attainment
+
+
+def test_fit_command_writes_a_versioned_artifact_with_provenance(tmp_path: Path) -> None:
+    out = tmp_path / "fitted.json"
+    argv = ["calibrate", "fit", "--records", str(CAMPAIGN), "--out", str(out),
+            "--fit-points", "r6", "--holdout-points", "r6-l60", "--factors", "down_partition",
+            "--max-evals", "6"]  # fmt: skip
+    assert main(argv) == 0
+    art = load_artifact(out)
+    p = art.pipeline(PIPE)
+    assert p.fit is not None and p.deploy_profile == "tuned"
+    assert p.fit.runs == [str(CAMPAIGN)] and set(p.fit.factors) == {"down_partition"}
+    assert set(p.fit.residuals_pp) == set(p.fit.fit_items) | set(p.fit.holdout_items)
+    assert all(k.startswith("r6/") for k in p.fit.fit_items)
+    assert p.fit.mae_out_pp is not None and p.fit.largest_miss.split()[0] in p.fit.residuals_pp
+    assert art.source.startswith("fitted by `horizonserve calibrate fit`")
+    table = json.loads((tmp_path / "fitted.fit.json").read_text())["items"]
+    assert {r["set"] for r in table} == {"fit", "holdout"}
+    assert main([*argv[:-4], "--holdout-points", "r99"]) == 2  # unknown point: one line
