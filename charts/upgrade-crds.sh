@@ -13,8 +13,15 @@
 # Uses kubectl's current context (or $KUBECONFIG; $KUBECTL picks the binary). Server-side apply
 # with a fixed field manager: it works whether the CRD was created by Helm, by
 # `kubectl apply -f manifests/install.yaml` or by an earlier run of this script, and it has no
-# size limit on the last-applied annotation (generated CRDs are large). Existing OmniServices
-# are kept; the API server validates them against the new schema on their next write.
+# size limit on the last-applied annotation (generated CRDs are large).
+#
+# Before anything is applied, every stored OmniService is validated against the NEW schema by
+# the API server itself: the new CRD is installed under a throw-away group
+# (upgrade-check.horizonserve.io), each stored object is created there with --dry-run=server,
+# and the throw-away CRD is removed. If any object fails, nothing is applied and the objects are
+# listed with the API server's reasons (fix or delete them first): a stored object the new
+# schema refuses could otherwise no longer be updated, and its finalizer not removed.
+# SKIP_STORED_CHECK=1 skips this check. Needs python3 (JSON handling).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,6 +54,59 @@ for t in "${targets[@]}"; do
         die "not a chart, directory or file: $t"
     fi
 done
+
+CHECK_GROUP="upgrade-check.horizonserve.io"
+
+# Validate the stored OmniServices against the schema in CRD file $1 (see the header).
+check_stored() {
+    local file="$1" tmp
+    grep -q "name: omniservices.horizonserve.io" "$file" || return 0
+    "$KUBECTL" get crd omniservices.horizonserve.io >/dev/null 2>&1 || return 0
+    tmp="$(mktemp -d)"
+    "$KUBECTL" create --dry-run=client -o json -f "$file" >"$tmp/new.json"
+    python3 - "$tmp/new.json" "$CHECK_GROUP" >"$tmp/crd.json" <<'PY'
+import json, sys
+crd = json.load(open(sys.argv[1]))
+group = sys.argv[2]
+crd["metadata"] = {"name": f"{crd['spec']['names']['plural']}.{group}"}
+crd["spec"]["group"] = group
+json.dump(crd, sys.stdout)
+PY
+    "$KUBECTL" apply -f "$tmp/crd.json" >/dev/null
+    local name="omniservices.$CHECK_GROUP"
+    "$KUBECTL" wait --for=condition=Established --timeout="$TIMEOUT" "crd/$name" >/dev/null
+    "$KUBECTL" get omniservices.horizonserve.io -A -o json | python3 -c '
+import json, sys
+group = sys.argv[1]
+for item in json.load(sys.stdin)["items"]:
+    meta = item["metadata"]
+    out = {"apiVersion": group + "/" + item["apiVersion"].split("/")[1], "kind": item["kind"],
+           "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+           "spec": item.get("spec", {})}
+    print(meta["namespace"] + "/" + meta["name"], json.dumps(out))
+' "$CHECK_GROUP" >"$tmp/objects"
+    local bad=() id obj err count
+    count="$(wc -l <"$tmp/objects")"
+    while read -r id obj; do
+        if ! err="$(printf '%s' "$obj" | "$KUBECTL" create --dry-run=server -f - -o name 2>&1)"; then
+            bad+=("$id: ${err//$'\n'/ }")
+        fi
+    done <"$tmp/objects"
+    "$KUBECTL" delete crd "$name" --wait=false >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+    if [[ ${#bad[@]} -gt 0 ]]; then
+        log "the new schema in $file refuses ${#bad[@]} stored OmniService(s); nothing applied:"
+        for line in "${bad[@]}"; do log "  $line"; done
+        die "fix or delete the OmniServices above, then run this again"
+    fi
+    log "$count stored OmniService(s) valid under the new schema"
+}
+
+if [[ "${SKIP_STORED_CHECK:-0}" != 1 ]]; then
+    for f in "${files[@]}"; do
+        check_stored "$f"
+    done
+fi
 
 dry=()
 if [[ "${DRY_RUN:-0}" == 1 ]]; then

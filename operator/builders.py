@@ -365,6 +365,8 @@ def serving_pod(
             "--",
             "horizonserve",
             "sidecar",
+            "--host",
+            SERVING_HOST,
         ],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],

@@ -167,6 +167,13 @@ def env(helm_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             {"metadata": {"name": ns, "labels": {WEBHOOK_NS_LABEL: "1"}}},
         )  # fmt: skip
         assert status == 201, body
+        # Left by an earlier cluster-wide install: an OmniService elsewhere with our finalizer.
+        assert cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": "other"}})[0]
+        leftover = {"apiVersion": "horizonserve.io/v1alpha1", "kind": "OmniService",
+                    "metadata": {"name": "leftover", "finalizers": ["horizonserve.io/finalizer"]},
+                    "spec": BASE}  # fmt: skip
+        status, body = cluster.request("POST", OSVC_PATH.format(ns="other"), leftover)
+        assert status == 201, body
         cluster_rules, ns_rules = _chart_rules(helm_bin, ns)
         kubeconfig = operator_kubeconfig(
             cluster, ns, work / "operator.kubeconfig", cluster_rules, ns_rules
@@ -214,6 +221,15 @@ def env(helm_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
                    "rules": (cluster_rules, ns_rules), "proc": proc}  # fmt: skip
     finally:
         cluster.stop()
+
+
+def test_namespaced_mode_releases_finalizers_elsewhere(env: dict[str, Any]) -> None:
+    cluster = env["cluster"]
+    obj = get_osvc(cluster, "other", "leftover")
+    assert obj is not None and "horizonserve.io/finalizer" not in (
+        obj["metadata"].get("finalizers") or []
+    )
+    cluster.kubectl("delete", "osvc", "-n", "other", "leftover", "--wait=true", "--timeout=20s")
 
 
 def _apply(cluster: KubeCluster, ns: str, name: str, spec: dict[str, Any]) -> Any:
