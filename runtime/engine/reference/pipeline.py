@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from horizonserve.runtime.config import Path, PolicyName, Priority, RequestClass, ServingConfig
+from horizonserve.runtime.downstream import PlaybackClock
 from horizonserve.runtime.engine.reference.defaults import reference_config
 from horizonserve.runtime.engine.reference.gpu_control import (
     GC,
@@ -163,7 +164,7 @@ class RequestRecord:
     downstream: str | None = None  # the downstream stage of a long-path request
     failure: str | None = None  # REJECTED / UNAVAILABLE / CANCELLED / TIMED_OUT with `error`
     retry_after_s: float | None = None  # UNAVAILABLE: when to try again
-    playback: list[float] | None = None  # speech: [playback start, audio seconds delivered]
+    playback: PlaybackClock | None = None  # speech: the listener's playback, first chunk on
 
     @property
     def queueing_s(self) -> float | None:
@@ -1087,16 +1088,15 @@ class Pipeline:
         handle.notify(kind, data)
 
     def _playback(self, rec: RequestRecord, t: float, samples: int) -> None:
-        """Speech playback model: audio plays from the first chunk on; a chunk that arrives
-        after the audio before it ran out is an underrun (playback then waits for it)."""
-        play = rec.playback
-        if play is None:
-            play = rec.playback = [t, 0.0]  # [playback start, seconds delivered]
-        elif t - play[0] > play[1] + 1e-3:
+        """The listener's playback of a speech answer (the control core's PlaybackClock):
+        audio plays from the first chunk on; a chunk arriving after the audio before it ran
+        out is an underrun. `samples` is the total delivered so far."""
+        clock = rec.playback
+        if clock is None:
+            clock = rec.playback = PlaybackClock()
+        if clock.on_chunk(t, samples / self._samples_per_second - clock.generated_s):
             self.metrics.underrun(rec.class_name)
-            rec.info["underruns"] = rec.info.get("underruns", 0) + 1
-            play[0] = t - play[1]
-        play[1] = samples / self._samples_per_second
+            rec.info["underruns"] = clock.underruns
 
     def _retire(self, handle: RequestHandle) -> bool:
         """Finish a request once (True the first time): history, metrics, waiters."""

@@ -20,9 +20,13 @@ T = TypeVar("T")
 _NO_DEADLINE = Stamp("", "", 0, 0.0, math.inf, 0.0)
 
 
-def slack_order(config: ServingConfig, policy: PolicyName | str | None = None) -> bool:
-    """Whether downstream stages admit by slack under `policy` (default: the config's)."""
-    return make_policy(policy or config.policy, config).downstream_control
+def downstream_rules(
+    config: ServingConfig, policy: PolicyName | str | None = None
+) -> tuple[bool, float | None]:
+    """Under `policy` (default: the config's): whether downstream stages admit by slack, and
+    the playback margin above which a started stream yields its step (None: never)."""
+    p = make_policy(policy or config.policy, config)
+    return p.downstream_control, p.playback_margin_s
 
 
 class StageQueue(Generic[T]):

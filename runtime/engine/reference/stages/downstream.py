@@ -34,7 +34,10 @@ from horizonserve.runtime.engine.reference.protocol import (
     ProbeStop,
     SetPolicy,
 )
-from horizonserve.runtime.engine.reference.stages.admission import StageQueue, slack_order
+from horizonserve.runtime.engine.reference.stages.admission import (
+    StageQueue,
+    downstream_rules,
+)
 from horizonserve.runtime.engine.reference.stages.common import (
     ParentWatch,
     StageConfig,
@@ -66,6 +69,10 @@ class DownstreamStage(Protocol):
 
     def min_slack(self) -> float:
         """Smallest slack ratio of a request whose first output is pending here (NaN: none)."""
+        ...
+
+    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
+        """The policy's downstream rules (admission order, playback yielding)."""
         ...
 
     # calibration: synthetic load, cancellation, last iteration's timing
@@ -175,7 +182,7 @@ class DownstreamLoop:
                     ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
                     self.events.put(ev)
                 elif isinstance(msg, SetPolicy):  # between runs: the admission rule follows
-                    stage.pending.set_order(slack_order(self.config, msg.policy))
+                    stage.configure(*downstream_rules(self.config, msg.policy))
                 elif isinstance(msg, Cancel):
                     cancelled.extend(msg.rids)
                     stage.cancel(msg.rids)

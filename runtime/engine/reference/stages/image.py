@@ -23,8 +23,8 @@ from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
 from horizonserve.runtime.engine.reference.stages.admission import (
     StageQueue,
+    downstream_rules,
     min_slack,
-    slack_order,
 )
 
 STAGE = IMAGE
@@ -112,6 +112,10 @@ class ImageStage:
         job = ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival, stamp=msg.stamp)
         self.pending.append(job, msg.stamp)
 
+    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
+        """Admission order under the policy (no streams here: nothing yields)."""
+        self.pending.set_order(slack)
+
     def min_slack(self) -> float:
         """The image is the first output: every active job's denoising is pending."""
         started = ((j.stamp, 1.0 - j.done_steps / j.steps) for j in self.active)
@@ -171,7 +175,8 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     width = 128 if preset.name == "full" else 16
     decoder = materialize(lambda: LatentDecoder(preset.dit.latent_channels, width), device, dtype)
     sink: list[Event] = []
-    stage = ImageStage(dit, decoder, preset, emit=sink.append, slack=slack_order(loop.config))
+    slack, _ = downstream_rules(loop.config)
+    stage = ImageStage(dit, decoder, preset, emit=sink.append, slack=slack)
     if cfg.warmup:
         cond = WireTensor.of(torch.zeros(4, preset.thinker.hidden, dtype=dtype))
         for level in loop.warmup_levels():

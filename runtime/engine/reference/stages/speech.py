@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from horizonserve.runtime.downstream import PlaybackClock
 from horizonserve.runtime.engine.reference.ar import ArExecutor
-from horizonserve.runtime.engine.reference.batching import ContinuousBatcher, Sequence
+from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.models import Code2Wav
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import (
@@ -31,8 +32,8 @@ from horizonserve.runtime.engine.reference.protocol import (
 )
 from horizonserve.runtime.engine.reference.stages.admission import (
     StageQueue,
+    downstream_rules,
     min_slack,
-    slack_order,
 )
 
 STAGE = SPEECH
@@ -47,6 +48,7 @@ class SpeechJob:
     emitted: int = 0  # codes already turned into waveform
     chunks: int = 0
     samples: int = 0
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the stream's playback
 
 
 class SpeechStage:
@@ -60,6 +62,7 @@ class SpeechStage:
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
         slack: bool = False,
+        yield_margin_s: float | None = None,
     ) -> None:
         self.talker = talker
         self.cond_proj = cond_proj
@@ -67,6 +70,9 @@ class SpeechStage:
         self.chunk = preset.code_chunk
         self.batcher = ContinuousBatcher(preset.talker_limits)
         self.pending: StageQueue[Sequence] = StageQueue(slack, clock)
+        self.yield_margin_s = yield_margin_s  # None: started streams never yield
+        self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
+        self.yielded = 0  # decode steps started streams gave up to first chunks
         self.emit = emit
         self._clock = clock
         self._synthetic = 0
@@ -125,6 +131,26 @@ class SpeechStage:
         for seq in list(self.batcher.running):
             self.batcher.finish(seq)
 
+    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
+        """The policy's rules: admission order and the playback margin for yielding."""
+        self.pending.set_order(slack)
+        self.yield_margin_s = yield_margin_s
+
+    def _yielding(self, plan: BatchPlan) -> list[Sequence]:
+        """This step's decodes: while a request waits for its first chunk, started streams
+        holding more playback credit than the margin sit the step out (their audio is ahead
+        of the listener, so a skipped step cannot make them underrun)."""
+        margin = self.yield_margin_s
+        decode = plan.decode
+        if margin is None or not decode:
+            return decode
+        if not (plan.prefill or self.pending or any(s.payload.chunks == 0 for s in decode)):
+            return decode
+        now = self._clock()
+        kept = [s for s in decode if not s.payload.clock.may_yield(now, margin)]
+        self.yielded += len(decode) - len(kept)
+        return kept
+
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
         (share left = codes still to make for it / the chunk size)."""
@@ -146,18 +172,23 @@ class SpeechStage:
             self.pending.take(plan.prefill)
         embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
         self.talker.prefill(plan.prefill, embeds)
-        self.talker.decode(plan.decode)
+        decode = self._yielding(plan)
+        self.talker.decode(decode)
         t1 = time.monotonic()
         ready: list[Sequence] = []
-        for seq in plan.prefill + plan.decode:
+        for seq in plan.prefill + decode:
             job: SpeechJob = seq.payload
             job.codes.append(seq.last_token)
             if len(job.codes) - job.emitted >= self.chunk or (
                 seq.done and job.emitted < seq.target
             ):
                 ready.append(seq)
+        emitted = [seq.payload.emitted for seq in ready]
         self._vocode(ready)
         t = self._clock()
+        for seq, before in zip(ready, emitted, strict=True):
+            job = seq.payload
+            job.clock.on_chunk(t, (job.emitted - before) * self.audio_per_code_s)
         self.last_timing = (t1 - t0, time.monotonic() - t1, len(ready), len(plan.prefill))
         for seq in ready:
             job = seq.payload
@@ -212,8 +243,10 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     )
     code2wav = materialize(lambda: Code2Wav(preset.code2wav), device, dtype)
     sink: list[Event] = []
-    slack = slack_order(loop.config)
-    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append, slack=slack)
+    slack, margin = downstream_rules(loop.config)
+    stage = SpeechStage(
+        talker, cond_proj, code2wav, preset, emit=sink.append, slack=slack, yield_margin_s=margin
+    )
     if cfg.warmup:
         h = preset.thinker.hidden
         loop.sm.activate(None)
