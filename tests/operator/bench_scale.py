@@ -117,7 +117,7 @@ def _apply(cluster: Any, ns: str) -> None:
         "apiVersion": "horizonserve.io/v1alpha1",
         "kind": "OmniService",
         "metadata": {"name": "fleet"},
-        "spec": {"pipeline": "qwen2_5_omni"},
+        "spec": {"pipeline": "qwen2_5_omni", "allGpuNodes": True},
     }
     status, resp = cluster.request("POST", OSVC_PATH.format(ns=ns), body)
     assert status == 201, resp
