@@ -21,7 +21,10 @@
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
+# deps: torch and the project's dependencies in /opt/venv, from pyproject.toml alone, so a
+# change in the sources reuses this stage and its copy below; a .pth file puts
+# /opt/horizonserve (the project) on the venv's path.
+FROM ${BASE_IMAGE} AS deps
 # A CA bundle for pip behind a TLS-intercepting proxy (empty: pip's own); see operator/Dockerfile.
 ARG PIP_CERT=""
 ARG TORCH_SPEC="torch==2.13.0"
@@ -38,18 +41,21 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --upgrade pip && pip install ${TORCH_PIP_ARGS} "${TORCH_SPEC}"
 
 WORKDIR /src
-# The project's dependencies from pyproject.toml alone, so a change in the sources reuses
-# this layer.
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+    && pip install -r /tmp/requirements.txt \
+    && python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'horizonserve.pth').write_text('/opt/horizonserve\n')"
+
+# build: the project alone in /opt/horizonserve.
+FROM deps AS build
+ARG PIP_CERT=""
 COPY README.md ./
 COPY runtime/ runtime/
 COPY operator/ operator/
-RUN pip install --no-deps . \
-    && python -m compileall -q /opt/venv/lib/python3*/site-packages/horizonserve \
+RUN pip install --no-deps --no-compile --target /opt/horizonserve . \
+    && python -m compileall -q /opt/horizonserve \
     && python -c "import torch, horizonserve.runtime.engine.reference.pipeline" \
-    && horizonserve --version
+    && /opt/horizonserve/bin/horizonserve --version
 
 FROM ${BASE_IMAGE}
 
@@ -62,9 +68,10 @@ RUN groupadd --system --gid 65532 horizonserve \
     && useradd --system --uid 65532 --gid 65532 --home-dir /home/horizonserve --create-home \
         --shell /usr/sbin/nologin horizonserve
 
-COPY --from=build /opt/venv /opt/venv
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=build /opt/horizonserve /opt/horizonserve
 
-ENV PATH=/opt/venv/bin:$PATH \
+ENV PATH=/opt/horizonserve/bin:/opt/venv/bin:$PATH \
     HOME=/home/horizonserve \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
