@@ -657,7 +657,7 @@ class Pipeline:
         retry = self._retry_after(slot, now)
         message = f"{name} stage failed ({reason}); restarting"
         if name == "shared":
-            hit = self._fail_where(lambda r: r.stage == "shared", message, UNAVAILABLE, retry)
+            self._fail_where(lambda r: r.stage == "shared", message, UNAVAILABLE, retry)
         else:
             hit = self._fail_where(lambda r: r.downstream == name, message, UNAVAILABLE, retry)
             shared = self._slots["shared"]
@@ -737,15 +737,15 @@ class Pipeline:
         if handle is None:
             return False
         rec = handle.record
-        rec.error, rec.failure = reason, failure
-        if not self._retire(handle):
-            return False
+        # Cancel goes out before the handle retires: a request reusing the id afterwards is
+        # admitted behind it on the shared queue (and matches no (id, arrival) anyway).
         stages = ["shared"] if rec.downstream is None else ["shared", rec.downstream]
         for stage in stages:
             slot = self._slots.get(stage)
             if slot is not None and slot.state == RUNNING:
-                slot.in_q.put(Cancel((rid,)))
-        return True
+                slot.in_q.put(Cancel(((rid, rec.arrival),)))
+        rec.error, rec.failure = reason, failure
+        return self._retire(handle)
 
     def _forward(self, target: str, msg: Handoff) -> None:
         """Relay a hand-off to the current `target` stage (supervised pipelines)."""
@@ -768,8 +768,9 @@ class Pipeline:
         message: str,
         failure: str,
         retry_after_s: float | None,
-    ) -> list[str]:
-        """Finish every in-flight request `hit` selects with an error; returns their ids."""
+    ) -> list[tuple[str, float]]:
+        """Finish every in-flight request `hit` selects with an error; returns their
+        (id, arrival)."""
         with self._lock:
             handles = [h for h in self._handles.values() if hit(h.record)]
         failed = []
@@ -777,7 +778,7 @@ class Pipeline:
             rec = handle.record
             rec.error, rec.failure, rec.retry_after_s = message, failure, retry_after_s
             if self._retire(handle):
-                failed.append(rec.rid)
+                failed.append((rec.rid, rec.arrival))
         return failed
 
     def _wait_locked(self, done: Callable[[], bool], timeout: float, what: str) -> None:

@@ -99,9 +99,12 @@ class Abort:
 @dataclass(slots=True, frozen=True)
 class Cancel:
     """Drop these requests (a client went away or its wait timed out): wherever they are in
-    the stage now, and hand-offs of them that reach it later. Not acknowledged."""
+    the stage now, and hand-offs of them that reach it later. Not acknowledged.
 
-    rids: tuple[str, ...]
+    Each request is (id, arrival): a client may reuse an id once its request ended, so only
+    the request with that arrival stamp is dropped."""
+
+    requests: tuple[tuple[str, float], ...]
 
 
 @dataclass(slots=True, frozen=True)

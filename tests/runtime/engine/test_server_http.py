@@ -265,6 +265,21 @@ def test_disconnect_and_timeout_cancel_the_request_in_every_stage(
     )  # the stages keep serving
 
 
+@pytest.mark.parametrize("priority", [0, 10, 20])
+def test_an_id_reused_after_its_cancel_is_served(server: ApiServer, priority: int) -> None:
+    rid = f"reuse-{priority}"
+    body = {"id": rid, "priority": priority, "images": int(priority == 20), "output_tokens": 2}
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        for _ in range(3):
+            r = c.post("/v1/requests", json={**body, "timeout_s": 0.0005})
+            assert r.status_code in (200, 504)  # usually cancelled before its first response
+            # The same id again, right away; streamed to its end so the next round may reuse it.
+            with c.stream("POST", "/v1/requests", json={**body, "stream": True}) as r:
+                events = _events(list(r.iter_lines()))
+            assert events[-1][0] == "done", events[-1]
+            assert events[-1][1]["id"] == rid
+
+
 def test_shutdown_refuses_new_work_at_once(server: ApiServer, pipeline: Pipeline) -> None:
     # Last test of the module: it stops the pipeline.
     with httpx.Client(base_url=server.url, timeout=30) as c:

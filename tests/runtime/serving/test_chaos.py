@@ -101,7 +101,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         time.sleep(0.05)
     assert not any(pid_alive(p) for p in pids), "a stage process outlived the server"
     assert list(srv.shm.iterdir()) == [], "a shared-memory file outlived the server"
-    print(f"\nchaos (hang timeout {HANG_S:.1f} s):")
+    log = "".join(srv.log)
+    (tmp / "serve.log").write_text(log)
+    print(f"\nchaos (hang timeout {HANG_S:.1f} s), server log {tmp / 'serve.log'}:")
+    print(f"   tracebacks in the server log: {log.count('Traceback')}")
     for r in RESULTS:
         print("  ", r)
 

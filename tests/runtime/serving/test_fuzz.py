@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.serving.served import Served, start_server
@@ -176,6 +176,7 @@ def background(served: Served) -> Iterator[list[int]]:
 _SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: each case is I/O
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,
 )

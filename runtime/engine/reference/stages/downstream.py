@@ -85,7 +85,7 @@ class DownstreamStage(Protocol):
 
     def abort(self, before: float) -> int: ...
 
-    def cancel(self, rids: tuple[str, ...]) -> int: ...
+    def cancel(self, requests: tuple[tuple[str, float], ...]) -> int: ...
 
 
 class DownstreamLoop:
@@ -165,7 +165,8 @@ class DownstreamLoop:
         watch = ParentWatch()
         beat = 0.0
         aborted_before = -math.inf  # hand-offs of requests that arrived by then are dropped
-        cancelled: deque[str] = deque(maxlen=CANCELLED_KEPT)  # their hand-offs are dropped
+        # (id, arrival) of cancelled requests: their hand-offs still on the way are dropped
+        cancelled: deque[tuple[str, float]] = deque(maxlen=CANCELLED_KEPT)
         while True:
             msgs = drain(self.in_q, block=stage.idle)
             stop = False
@@ -184,10 +185,10 @@ class DownstreamLoop:
                 elif isinstance(msg, SetPolicy):  # between runs: the admission rule follows
                     stage.configure(*downstream_rules(self.config, msg.policy))
                 elif isinstance(msg, Cancel):
-                    cancelled.extend(msg.rids)
-                    stage.cancel(msg.rids)
+                    cancelled.extend(msg.requests)
+                    stage.cancel(msg.requests)
                 elif isinstance(msg, Handoff) and (
-                    msg.arrival <= aborted_before or msg.rid in cancelled
+                    msg.arrival <= aborted_before or (msg.rid, msg.arrival) in cancelled
                 ):
                     continue  # its request was aborted while it was on its way
                 else:

@@ -86,11 +86,11 @@ class ImageStage:
         self.active = [j for j in self.active if j.arrival > before]
         return n - self.in_flight
 
-    def cancel(self, rids: tuple[str, ...]) -> int:
-        """Drop these requests' jobs; returns how many."""
-        n, gone = self.in_flight, set(rids)
-        self.pending.retain(lambda j: j.rid not in gone)
-        self.active = [j for j in self.active if j.rid not in gone]
+    def cancel(self, requests: tuple[tuple[str, float], ...]) -> int:
+        """Drop the jobs of these (id, arrival) requests; returns how many."""
+        n, gone = self.in_flight, dict(requests)
+        self.pending.retain(lambda j: gone.get(j.rid) != j.arrival)
+        self.active = [j for j in self.active if gone.get(j.rid) != j.arrival]
         return n - self.in_flight
 
     @property

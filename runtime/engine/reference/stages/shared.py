@@ -178,16 +178,18 @@ class SharedStage:
                 dropped += 1
         return dropped
 
-    def cancel(self, rids: tuple[str, ...]) -> int:
-        """Drop these requests (waiting or running); returns how many were found."""
-        gone = set(rids)
+    def cancel(self, requests: tuple[tuple[str, float], ...]) -> int:
+        """Drop these (id, arrival) requests, waiting or running; returns how many."""
+        gone = dict(requests)
         dropped = 0
-        for rid in gone & self.waiting.keys():
-            self.policy.dequeue(self.waiting.pop(rid).payload.sig)
-            dropped += 1
-        for seq in [seq for seq in self.batcher.running if seq.rid in gone]:
-            self.batcher.finish(seq)
-            dropped += 1
+        for rid in gone.keys() & self.waiting.keys():
+            if self.waiting[rid].payload.admit.arrival == gone[rid]:
+                self.policy.dequeue(self.waiting.pop(rid).payload.sig)
+                dropped += 1
+        for seq in list(self.batcher.running):
+            if gone.get(seq.rid) == seq.payload.admit.arrival:
+                self.batcher.finish(seq)
+                dropped += 1
         return dropped
 
     def _queued(self, sig: RequestSignals) -> Sequence:
@@ -445,7 +447,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
                 dropped = stage.abort(msg.before)
                 events.put(Event(ABORTED, STAGE, time.monotonic(), data={"dropped": dropped}))
             elif isinstance(msg, Cancel):
-                stage.cancel(msg.rids)
+                stage.cancel(msg.requests)
             elif isinstance(msg, ProbeDecode):
                 events.put(
                     probe_decode(

@@ -117,11 +117,16 @@ class SpeechStage:
             self.batcher.finish(seq)
         return n - self.in_flight
 
-    def cancel(self, rids: tuple[str, ...]) -> int:
-        """Drop these requests (KV slots freed); returns how many."""
-        n, gone = self.in_flight, set(rids)
-        self.pending.retain(lambda seq: seq.rid not in gone)
-        for seq in [seq for seq in self.batcher.running if seq.rid in gone]:
+    def cancel(self, requests: tuple[tuple[str, float], ...]) -> int:
+        """Drop these (id, arrival) requests (KV slots freed); returns how many."""
+        n, gone = self.in_flight, dict(requests)
+
+        def hit(seq: Sequence) -> bool:
+            h = seq.payload.handoff
+            return h is not None and gone.get(seq.rid) == h.arrival
+
+        self.pending.retain(lambda seq: not hit(seq))
+        for seq in [seq for seq in self.batcher.running if hit(seq)]:
             self.batcher.finish(seq)
         return n - self.in_flight
 
