@@ -52,7 +52,7 @@ ARG PIP_CERT=""
 COPY README.md ./
 COPY runtime/ runtime/
 COPY operator/ operator/
-RUN pip install --no-deps --no-compile --target /opt/horizonserve . \
+RUN pip install --no-deps . --no-compile --target /opt/horizonserve \
     && python -m compileall -q /opt/horizonserve \
     && python -c "import torch, horizonserve.runtime.engine.reference.pipeline" \
     && /opt/horizonserve/bin/horizonserve --version

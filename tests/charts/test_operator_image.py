@@ -74,8 +74,9 @@ def test_final_stage_runs_unprivileged_with_the_chart_command(
 
 def test_base_images_are_pinned_and_nothing_privileged(dockerfile: list[Instruction]) -> None:
     args = dict(a.split("=", 1) for ins, a in dockerfile if ins == "ARG" and "=" in a)
+    stages = {a.split()[-1] for ins, a in dockerfile if ins == "FROM" and " AS " in a.upper()}
     for ins, a in dockerfile:
-        if ins != "FROM":
+        if ins != "FROM" or a.split()[0] in stages:  # FROM an earlier stage: not a base image
             continue
         image = a.split()[0]
         image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), image)
