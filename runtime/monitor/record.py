@@ -62,6 +62,7 @@ from horizonserve.runtime.monitor.shm import (
     open_mapping,
     pid_alive,
     shm_path,
+    stale_file,
 )
 from horizonserve.runtime.spatial import NO_DECISION
 
@@ -149,17 +150,9 @@ def _stale(heartbeat_ns: int, now_ns: int, max_age_ns: int) -> bool:
 
 
 def stale_record(path: Path) -> bool:
-    """True when `path` holds no live control record: unreadable header, other magic, or a
-    creator process that no longer exists (what `create` may replace, what cleanup removes)."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            raw = f.read(_HEADER.size)
-    except OSError:
-        return False
-    if len(raw) < _HEADER.size:
-        return True
-    magic, _, _, _, _, creator, _ = _HEADER.unpack(raw)
-    return magic != MAGIC or not pid_alive(creator)
+    """True when `path` holds no live control record (what `create` may replace, what the
+    start-up cleanup removes)."""
+    return stale_file(path, _HEADER, MAGIC, creator_field=5)
 
 
 class ControlRecord(MappedFile):

@@ -40,8 +40,8 @@ from horizonserve.runtime.monitor.shm import (
     MappedFile,
     create_mapping,
     open_mapping,
-    pid_alive,
     shm_path,
+    stale_file,
 )
 
 MAGIC = 0x545A5248  # b"HRZT" read as a little-endian u32
@@ -83,17 +83,9 @@ class RequestEntry(NamedTuple):
 
 
 def stale_table(path: Path) -> bool:
-    """True when `path` holds no live request table: short or foreign header, or a creator
-    process that no longer exists (what `create` may replace, what cleanup removes)."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            raw = f.read(_HEADER.size)
-    except OSError:
-        return False
-    if len(raw) < _HEADER.size:
-        return True
-    fields = _HEADER.unpack(raw)
-    return fields[0] != MAGIC or not pid_alive(fields[6])
+    """True when `path` holds no live request table (what `create` may replace, what the
+    start-up cleanup removes)."""
+    return stale_file(path, _HEADER, MAGIC, creator_field=6)
 
 
 def blake2b_key_hash(data: bytes) -> int:

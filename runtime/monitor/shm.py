@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import stat
+import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -101,6 +102,21 @@ def _own_regular_file(path: Path) -> bool:
     except FileNotFoundError:
         return True  # gone meanwhile: creating again is fine
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def stale_file(path: Path, header: struct.Struct, magic: int, creator_field: int) -> bool:
+    """True when `path` holds no live shared-memory file of this kind: short or unreadable
+    header (False: unreadable file, left alone), another magic, or a creator pid (field
+    `creator_field` of `header`) that no longer exists."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            raw = f.read(header.size)
+    except OSError:
+        return False
+    if len(raw) < header.size:
+        return True
+    fields = header.unpack(raw)
+    return fields[0] != magic or not pid_alive(fields[creator_field])
 
 
 def pid_alive(pid: int) -> bool:

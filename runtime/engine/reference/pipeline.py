@@ -609,17 +609,7 @@ class Pipeline:
             if self._stopping:
                 return
             if slot.state == RUNNING:
-                beat, writer = self._beat(name)
-                now_ns = time.monotonic_ns()  # after the read: a stuck group's read takes time
-                fault = stage_fault(
-                    exitcode=slot.proc.exitcode,
-                    pid=slot.proc.pid,
-                    beat_ns=beat,
-                    writer_pid=writer,
-                    ready_ns=slot.ready_ns,
-                    now_ns=now_ns,
-                    hang_ns=hang_ns,
-                )
+                fault = self._fault(slot, hang_ns)
                 if fault is not None:
                     self._stage_failed(slot, fault, now)
             elif slot.state == STARTING:
@@ -631,6 +621,19 @@ class Pipeline:
                 slot.restarts += 1
                 log.warning("restarting the %s stage (restart %d)", name, slot.restarts)
                 self._spawn(name)
+
+    def _fault(self, slot: StageSlot, hang_ns: int) -> str | None:
+        """Why a ready stage counts as failed now (supervisor.stage_fault), or None."""
+        beat, writer = self._beat(slot.name)
+        return stage_fault(
+            exitcode=slot.proc.exitcode,
+            pid=slot.proc.pid,
+            beat_ns=beat,
+            writer_pid=writer,
+            ready_ns=slot.ready_ns,
+            now_ns=time.monotonic_ns(),  # after the read: a stuck group's read takes time
+            hang_ns=hang_ns,
+        )
 
     def _beat(self, name: str) -> tuple[int, int]:
         """(heartbeat ns, writer pid or 0) of a stage from the control record."""
@@ -936,23 +939,7 @@ class Pipeline:
                 return False
             return not any(s.backoff.exhausted(now) for s in self._slots.values())
         hang_ns = int(self.options.hang_timeout_s * 1e9)
-        for name, slot in self._slots.items():
-            if slot.ready_ns == 0:
-                return False
-            beat, writer = self._beat(name)
-            now_ns = time.monotonic_ns()
-            fault = stage_fault(
-                exitcode=slot.proc.exitcode,
-                pid=slot.proc.pid,
-                beat_ns=beat,
-                writer_pid=writer,
-                ready_ns=slot.ready_ns,
-                now_ns=now_ns,
-                hang_ns=hang_ns,
-            )
-            if fault is not None:
-                return False
-        return True
+        return all(s.ready_ns and self._fault(s, hang_ns) is None for s in self._slots.values())
 
     def ready(self) -> bool:
         """Readiness: at least one class can be served now (the others: `degraded()`)."""

@@ -238,15 +238,16 @@ class _Api:
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
+        too_large = ApiError(
+            413,
+            "body",
+            f"larger than {limit} bytes",
+            headers={"Connection": "close"},
+            reason="too_large",
+        )
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(
-                413,
-                "body",
-                f"larger than {limit} bytes",
-                headers={"Connection": "close"},
-                reason="too_large",
-            )
+            raise too_large
         chunks: list[bytes] = []
         size = 0
 
@@ -255,13 +256,7 @@ class _Api:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise ApiError(
-                        413,
-                        "body",
-                        f"larger than {limit} bytes",
-                        headers={"Connection": "close"},
-                        reason="too_large",
-                    )
+                    raise too_large
                 chunks.append(chunk)
 
         try:
