@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -94,10 +95,6 @@ class AttainmentWindow:
         }
 
 
-def _name(short: str) -> str:
-    return PREFIX + short
-
-
 class MetricsRecorder:
     """All HorizonServe metrics of one serving process, in their own registry (or the one
     given, e.g. vLLM's default registry)."""
@@ -108,120 +105,114 @@ class MetricsRecorder:
         window_s: float = 300.0,
         model_name: str = "horizonserve",
     ) -> None:
-        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        cls = ["model_name", "request_class"]
-        model = ["model_name"]
-        self.first_response = Histogram(
-            _name("first_response_seconds"),
+        cls = ("model_name", "request_class")
+        model = ("model_name",)
+        stage = ("model_name", "stage")
+        self.first_response = self._family(
+            Histogram,
+            "first_response_seconds",
             "First-response latency including queueing (TTFT text, TTFO speech, E2E image).",
             cls,
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.latency = Histogram(
-            _name("e2e_request_latency_seconds"),
+        self.latency = self._family(
+            Histogram,
+            "e2e_request_latency_seconds",
             "Arrival to the last output of requests that finished without error.",
             cls,
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.requests = Counter(
-            _name("requests"), "Requests admitted to the pipeline.", cls, registry=r
+        self.requests = self._family(Counter, "requests", "Requests admitted to the pipeline.", cls)
+        self.first_responses = self._family(
+            Counter, "first_responses", "Requests that produced a first response.", cls
         )
-        self.first_responses = Counter(
-            _name("first_responses"), "Requests that produced a first response.", cls, registry=r
+        self.late = self._family(
+            Counter, "late_first_responses", "First responses after the class's SLO target.", cls
         )
-        self.late = Counter(
-            _name("late_first_responses"),
-            "First responses after the class's SLO target.",
-            cls,
-            registry=r,
-        )
-        self.errors = Counter(
-            _name("request_errors"),
+        self.errors = self._family(
+            Counter,
+            "request_errors",
             "Admitted requests that ended with an error (reason: rejected by a stage, "
             "unavailable = a stage they needed failed or the server stopped).",
-            [*cls, "reason"],
-            registry=r,
+            (*cls, "reason"),
         )
-        self.timeouts = Counter(
-            _name("request_timeouts"),
+        self.timeouts = self._family(
+            Counter,
+            "request_timeouts",
             "Requests without a first response within the client's timeout (cancelled).",
             cls,
-            registry=r,
         )
-        self.cancelled = Counter(
-            _name("requests_cancelled"),
+        self.cancelled = self._family(
+            Counter,
+            "requests_cancelled",
             "Requests whose client went away before the answer (cancelled in every stage).",
             cls,
-            registry=r,
         )
-        self.rejections = Counter(
-            _name("request_rejections"),
+        self.rejections = self._family(
+            Counter,
+            "request_rejections",
             "Requests refused before admission (reason: invalid, unauthorized, forbidden, "
             "too_large, unavailable, stopping); request_class empty when unknown.",
-            [*cls, "reason"],
-            registry=r,
+            (*cls, "reason"),
         )
-        self.attainment = Gauge(
-            _name("slo_attainment_ratio"),
+        self.attainment = self._family(
+            Gauge,
+            "slo_attainment_ratio",
             "Rolling SLO attainment per class (absent while the class's window is empty).",
             cls,
-            registry=r,
         )
-        self.running = Gauge(
-            _name("num_requests_running"),
+        self.running = self._family(
+            Gauge,
+            "num_requests_running",
             "Requests in flight (admitted, not finished) per class.",
             cls,
-            registry=r,
         )
-        self.stage_requests = Gauge(
-            _name("stage_requests"),
+        self.stage_requests = self._family(
+            Gauge,
+            "stage_requests",
             "Requests each stage holds now, waiting or running (queue depth per stage).",
-            [*model, "stage"],
-            registry=r,
+            stage,
         )
-        self.waiting = Gauge(
-            _name("num_requests_waiting"),
+        self.waiting = self._family(
+            Gauge,
+            "num_requests_waiting",
             "Prompts waiting for a shared-stage batch at the last step.",
-            [*model, "stage"],
-            registry=r,
+            stage,
         )
-        self.stage_up = Gauge(
-            _name("stage_up"),
-            "1 while a stage runs, 0 while it restarts.",
-            [*model, "stage"],
-            registry=r,
+        self.stage_up = self._family(
+            Gauge, "stage_up", "1 while a stage runs, 0 while it restarts.", stage
         )
-        self.restarts = Counter(
-            _name("stage_restarts"),
-            "Stage processes the supervisor restarted.",
-            [*model, "stage"],
-            registry=r,
+        self.restarts = self._family(
+            Counter, "stage_restarts", "Stage processes the supervisor restarted.", stage
         )
-        self.sm_shared = Gauge(
-            _name("shared_stage_sms"), "SMs the shared stage may use.", model, registry=r
+        self.sm_shared = self._family(
+            Gauge, "shared_stage_sms", "SMs the shared stage may use.", model
         )
-        self.sm_downstream = Gauge(
-            _name("downstream_sms"), "SM headroom given to downstream stages.", model, registry=r
+        self.sm_downstream = self._family(
+            Gauge, "downstream_sms", "SM headroom given to downstream stages.", model
         )
-        self.pressure = Gauge(
-            _name("memory_pressure_ratio"),
+        self.pressure = self._family(
+            Gauge,
+            "memory_pressure_ratio",
             "Smoothed memory-activity signal (NaN while unknown).",
             model,
-            registry=r,
         )
-        self.underruns = Counter(
-            _name("speech_underruns"),
+        self.underruns = self._family(
+            Counter,
+            "speech_underruns",
             "Speech chunks that arrived after the audio before them had finished playing.",
             cls,
-            registry=r,
         )
         self.window = AttainmentWindow(window_s)
         self._attained: set[str] = set()  # classes with an attainment sample exported
 
     # -- requests ---------------------------------------------------------------------------
+    def _family(self, kind: type, short: str, doc: str, labels: tuple[str, ...], **kw: Any) -> Any:
+        """A metric family `horizonserve:<short>` in this recorder's registry."""
+        return kind(PREFIX + short, doc, list(labels), registry=self.registry, **kw)
+
     def admitted(self, class_name: str) -> None:
         self.requests.labels(self.model_name, class_name).inc()
         self.running.labels(self.model_name, class_name).inc()
