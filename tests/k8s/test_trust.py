@@ -331,6 +331,24 @@ def test_one_gpu_one_owner_taints_drift_endpoint_and_pss(env: dict[str, Any]) ->
              and p["metadata"]["uid"] != b["metadata"]["uid"] and p)  # fmt: skip
     assert _pods(cluster, ns, "older")["t-a"]["metadata"]["uid"] == a["metadata"]["uid"]
 
+    # GPU feature discovery labels key the calibration: a driver upgrade on t-b gives it a new
+    # ConfigMap (recalibration) and a new pod; the old ConfigMap goes once its pod is gone.
+    old_cm = pod_env(_pods(cluster, ns, "older")["t-b"], "HORIZONSERVE_SUMMARY_CONFIGMAP")
+    gfd = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/cuda.driver.major": "580"}
+    merge_patch(cluster, "/api/v1/nodes/t-b", {"metadata": {"labels": gfd}})
+
+    def recalibrating() -> dict | None:
+        pod = _pods(cluster, ns, "older").get("t-b")
+        return pod if pod and pod_env(pod, "HORIZONSERVE_SUMMARY_CONFIGMAP") != old_cm else None
+
+    new_cm = pod_env(wait_for("t-b on a new calibration key", recalibrating),
+                     "HORIZONSERVE_SUMMARY_CONFIGMAP")  # fmt: skip
+    wait_for(
+        "the old ConfigMap deleted", lambda: cluster.request("GET", f"{cms}/{old_cm}")[0] == 404
+    )
+    _, stored = cluster.request("GET", f"{cms}/{new_cm}")
+    assert "GPU NVIDIA-H200" in stored["metadata"]["annotations"]["horizonserve.io/calibration-for"]
+
     # Taints: NoSchedule keeps the running Ready pod and blocks a new node; NoExecute evicts.
     play_kubelet(cluster, ns, a["metadata"]["name"])
     taint = {"key": "maintenance", "value": "yes", "effect": "NoSchedule"}
@@ -358,7 +376,16 @@ def test_delete_during_creation_creates_nothing_more(env: dict[str, Any]) -> Non
     for name in nodes:
         create_node(cluster, name, labels={"pool": "del"})
     assert _apply(cluster, ns, "gone", {**BASE, "nodeSelector": {"pool": "del"}}).returncode == 0
-    wait_for("the first pods", lambda: serving_pods(cluster, ns, "gone"), every=0.02)
+    # Delete while the operator is still writing: its first node ConfigMaps exist, pods not all.
+    selector = "horizonserve.io/omniservice=gone"
+
+    def writing() -> bool:
+        _, body = cluster.request(
+            "GET", f"/api/v1/namespaces/{ns}/configmaps?labelSelector={selector}"
+        )
+        return bool(body["items"])
+
+    wait_for("the operator writing", writing, every=0.02)
     # Orphan: the garbage collector leaves the pods, so every pod ever created can be counted.
     path = f"{OSVC_PATH.format(ns=ns)}/gone"
     code, body = cluster.request(
