@@ -48,3 +48,14 @@ def template_text(
 
 def template(helm_bin: str, values: dict[str, Any] | None = None, **kw: Any) -> list[dict]:
     return load_docs(template_text(helm_bin, values, **kw))
+
+
+def rule_map(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """RBAC rules as (apiGroup, resource) → verbs (no resourceNames or URLs expected)."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out

@@ -29,7 +29,7 @@ from ..charts.chartlib import (
     load_docs,
     one,
 )
-from .helmlib import helm, set_args, template, template_text
+from .helmlib import helm, rule_map, set_args, template, template_text
 
 # Oldest and newest Kubernetes schemas bundled with kubernetes-validate. (1.20, the chart's
 # kubeVersion floor, is what the end-to-end test's real API server runs.)
@@ -92,16 +92,6 @@ WEBHOOK_ENV = {
     "HORIZONSERVE_WEBHOOK_CERT_DIR": "/etc/horizonserve/webhook",
     "HORIZONSERVE_WEBHOOK_PORT": "9443",
 }
-
-
-def rule_map(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    out: dict[tuple[str, str], set[str]] = {}
-    for rule in rules:
-        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
-    return out
 
 
 def service(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.charts.chartlib import load_docs
-from tests.helm.helmlib import template_text
+from tests.helm.helmlib import rule_map, template_text
 from tests.k8s.cluster import KubeCluster, find_binaries, free_port, wait_for
 from tests.operator.k8s_helpers import (
     OSVC_PATH,
@@ -422,15 +422,6 @@ def _used_verbs(audit: Path, user: str) -> dict[tuple[str, str], set[str]]:
     return used
 
 
-def _granted(rules: list[dict]) -> dict[tuple[str, str], set[str]]:
-    out: dict[tuple[str, str], set[str]] = {}
-    for rule in rules:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
-    return out
-
-
 # Granted but not necessarily called in this run, each for a stated reason.
 HELD_NOT_CALLED = {
     ("", "configmaps"): {"patch"},  # held to grant `patch` on its ConfigMap to a pod's Role
@@ -443,8 +434,8 @@ HELD_NOT_CALLED = {
 def test_chart_rbac_is_the_verbs_the_operator_used(env: dict[str, Any]) -> None:
     """Runs last in this module: the audit log holds the whole run by now."""
     cluster_rules, ns_rules = env["rules"]
-    granted = _granted(cluster_rules)
-    for key, verbs in _granted(ns_rules).items():
+    granted = rule_map(cluster_rules)
+    for key, verbs in rule_map(ns_rules).items():
         granted.setdefault(key, set()).update(verbs)
     # Stop the operator first: a watch is logged when it ends.
     env["proc"].terminate()

@@ -112,21 +112,36 @@ def play_kubelet(cluster: Any, ns: str, pod: str, ready: bool = True) -> None:
     assert code == 200, resp
 
 
-def _merge_patch(cluster: Any, path: str, body: dict) -> tuple[int, Any]:
-    # cluster.request sends application/json; a PATCH needs a patch content type.
+def call(
+    cluster: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    content_type: str = "application/merge-patch+json",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """One API call as cluster admin (a PATCH needs a patch content type, which
+    cluster.request does not send); `headers` may add impersonation."""
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(
-        cluster.server + path, data=json.dumps(body).encode(), method="PATCH"
-    )
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(cluster.server + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {cluster.token}")
-    req.add_header("Content-Type", "application/merge-patch+json")
+    for key, value in (headers or {}).items():
+        req.add_header(key, value)
+    if data is not None:
+        req.add_header("Content-Type", content_type)
     try:
         with urllib.request.urlopen(req, timeout=10, context=cluster._ssl_context()) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+
+
+def _merge_patch(cluster: Any, path: str, body: dict) -> tuple[int, Any]:
+    return call(cluster, "PATCH", path, body)
 
 
 def pod_env(pod: dict, name: str) -> str:
@@ -135,31 +150,11 @@ def pod_env(pod: dict, name: str) -> str:
 
 
 def as_service_account(
-    cluster: Any,
-    ns: str,
-    sa: str,
-    method: str,
-    path: str,
-    body: Any,
-    content_type: str = "application/merge-patch+json",
+    cluster: Any, ns: str, sa: str, method: str, path: str, body: Any
 ) -> tuple[int, Any]:
-    """One API call with impersonation of a ServiceAccount (what its token may do)."""
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(
-        cluster.server + path, data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-    )  # fmt: skip
-    req.add_header("Authorization", f"Bearer {cluster.token}")
-    req.add_header("Impersonate-User", f"system:serviceaccount:{ns}:{sa}")
-    if body is not None:
-        req.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(req, timeout=10, context=cluster._ssl_context()) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+    """One API call impersonating a ServiceAccount (what its token may do)."""
+    user = {"Impersonate-User": f"system:serviceaccount:{ns}:{sa}"}
+    return call(cluster, method, path, body, headers=user)
 
 
 def publish_summary(cluster: Any, ns: str, pod: dict, summary: str) -> None:
