@@ -22,10 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from horizonserve.runtime.config import ControlParams, SmLadder
 
 SCHEMA_VERSION = 1
-DEFAULT_ARTIFACT = "h200-measured.json"  # measured by horizonserve calibrate on the H200
+# The H200 calibration with its contention factors fitted to the measured campaign
+# (`horizonserve calibrate fit`, provenance in each fitted entry's `fit`).
+DEFAULT_ARTIFACT = "h200-fitted.json"
+MEASURED_ARTIFACT = "h200-measured.json"  # measured by horizonserve calibrate, not fitted
 # The shipped estimate built from the paper's figures: the calibration's template for every
 # field it does not measure (whatever DEFAULT_ARTIFACT points to).
 ESTIMATE_ARTIFACT = "default-h200.json"
+# Names `load_artifact` (and every --artifact option) accepts for the shipped artifacts.
+NAMED_ARTIFACTS = {
+    "fitted": DEFAULT_ARTIFACT,
+    "measured": MEASURED_ARTIFACT,
+    "estimate": ESTIMATE_ARTIFACT,
+}
 
 
 class _Model(BaseModel):
@@ -244,14 +253,21 @@ class PipelineCalibration(_Model):
         return not self.backlog_lift_pays()
 
     def reservation_pays(self) -> bool:
-        """Whether the first downstream stage (the co-runner that sets the pace: talker or
-        DiT) steps faster on S_tot − S_min beside a capped shared stage than on the whole GPU
-        as an MPS client: what the slack split gives an urgent downstream side."""
-        d, ladder = self.downstream[0], self.ladder
-        s_min = ladder.s_min
-        reserved = d.step_s.at(ladder.headroom(s_min)) * d.corun_factor.at(s_min)
-        shared_gpu = d.step_s.at(ladder.total) * self.sharing.mps_downstream_factor
-        return reserved < shared_gpu
+        """Whether an urgent downstream side is better served by the reservation (the shared
+        stage at S_min, the downstream on S_tot − S_min) than by uncapped co-running as MPS
+        clients, for the two sides together: each side's slowdown against running alone on
+        the whole GPU, summed (the shared stage keeps decoding while the downstream is
+        favoured). The co-runner that sets the pace is the first downstream stage (talker or
+        DiT). Measured H200: the reservation pays for BAGEL (uncapped, the DiT slows the
+        thinker's decode about ×5 while gaining 25 % itself) and for Qwen2.5-Omni."""
+        s, d, ladder = self.shared, self.downstream[0], self.ladder
+        s_min, total = ladder.s_min, ladder.total
+        alone_s, alone_d = s.decode_step_s.at(total), d.step_s.at(total)
+        reserved = s.decode_step_s.at(s_min) * s.corun_decode_factor.at(s_min) / alone_s + (
+            d.step_s.at(ladder.headroom(s_min)) * d.corun_factor.at(s_min) / alone_d
+        )
+        shared_open = self.sharing.mps_shared_factor(s.corun_decode_factor.at(total))
+        return reserved < shared_open + self.sharing.mps_downstream_factor
 
     def control(self) -> ControlParams:
         """The control knobs this calibration decides: B_sat and which SM configurations pay
@@ -307,9 +323,12 @@ def load_packaged(name: str) -> CalibrationArtifact:
 
 
 def load_artifact(path: str | FsPath | None = None) -> CalibrationArtifact:
-    """Read an artifact; None reads the package's default artifact."""
+    """Read an artifact; None reads the package's default artifact, a name of
+    `NAMED_ARTIFACTS` ("fitted", "measured", "estimate") the shipped one of that name."""
     if path is None:
         return load_packaged(DEFAULT_ARTIFACT)
+    if str(path) in NAMED_ARTIFACTS:
+        return load_packaged(NAMED_ARTIFACTS[str(path)])
     p = FsPath(path)
     if not p.is_file():
         raise FileNotFoundError(f"calibration artifact {str(p)!r} does not exist")
