@@ -104,6 +104,30 @@ def test_stage_fault_reasons() -> None:
     assert _fault(writer_pid=8, ready_ns=9 * s, beat_ns=5 * s) is None
 
 
+def test_missing_torch_or_gpu_is_one_line_with_the_cpu_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from horizonserve.runtime.engine.reference.cli import device_problem
+
+    pytest.importorskip("torch")
+    import torch
+
+    hint = "--device cpu --preset tiny"
+    assert device_problem("cpu") is None
+    if not torch.cuda.is_available():
+        problem = device_problem("cuda:0") or ""
+        assert "no CUDA GPU" in problem and hint in problem and "\n" not in problem
+    assert "use auto, cpu or cuda:N" in (device_problem("tpu") or "")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a)
+    )
+    problem = device_problem("auto") or ""
+    assert "PyTorch is not installed" in problem and hint in problem
+
+
 def test_history_is_bounded_in_bytes() -> None:
     h: BoundedHistory[str] = BoundedHistory(10_000, sys.getsizeof)
     for i in range(10_000):

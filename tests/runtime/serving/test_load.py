@@ -24,9 +24,15 @@ CLIENTS = 200
 PER_CLIENT = 3
 
 
+KEY = "load-test-key"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    srv = start_server(tmp_path_factory.mktemp("load"))
+    # The key comes the way a Kubernetes Secret brings it: a file named by the environment.
+    tmp = tmp_path_factory.mktemp("load")
+    (tmp / "keys").write_text(f"# mounted Secret\n{KEY} text\n")
+    srv = start_server(tmp, env={"HORIZONSERVE_API_KEY_FILE": str(tmp / "keys")})
     yield srv
     assert srv.stop() == 0
     assert list(Path(srv.shm).iterdir()) == []
@@ -34,7 +40,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 async def _client(url: str, i: int, out: list[tuple[float, int | str]]) -> None:
     body = {"priority": 0, "input_tokens": 16, "output_tokens": 2, "timeout_s": 120}
-    headers = {"Connection": "close"}  # a new TCP connection per request
+    headers = {"Connection": "close", "Authorization": f"Bearer {KEY}"}  # a new connection each
     async with httpx.AsyncClient(base_url=url, timeout=180) as c:
         for _ in range(PER_CLIENT):
             t0 = time.monotonic()
@@ -43,6 +49,17 @@ async def _client(url: str, i: int, out: list[tuple[float, int | str]]) -> None:
                 out.append((time.monotonic() - t0, r.status_code))
             except httpx.HTTPError as exc:  # resets, refused connections, timeouts
                 out.append((time.monotonic() - t0, type(exc).__name__))
+
+
+def test_the_key_file_and_its_class_policy_apply(served: Served) -> None:
+    with served.client() as c:
+        r = c.post("/v1/requests", json={"priority": 0})
+        assert r.status_code == 401 and r.json()["field"] == "authorization"
+        auth = {"Authorization": f"Bearer {KEY}"}
+        r = c.post("/v1/requests", json={"priority": 20, "images": 1}, headers=auth)
+        assert r.status_code == 403 and r.json()["field"] == "priority"
+        assert c.post("/v1/requests", json={"priority": 0}, headers=auth).status_code == 200
+        assert c.get("/health").status_code == 200
 
 
 def test_200_concurrent_clients_get_every_answer(served: Served) -> None:
