@@ -1,6 +1,7 @@
 """What HorizonServe adds to each `schedule()` call of the REAL vLLM-Omni AR scheduler (CPU).
 
     .venv/bin/python tests/vllm/bench_overhead.py [--waiting 16 256 1024] [--steps 400]
+        [--scenarios full mixed burst urgent talker]
 
 For each waiting-queue size N the shared stage's scheduler (`HorizonOmniARScheduler`, sync,
 FCFS queue; the shipped Qwen2.5-Omni classes, paper control defaults: N adapted in [2, 8],
@@ -18,6 +19,16 @@ update_from_output) in a steady state that keeps N requests waiting:
           through the whole queue (the O(N) bound of the windowed view), while the restore
           only pops the head.
 
+* urgent  the running batch is full of 16 speech decodes and N protected text requests wait
+          (nothing ordinary waits, so every step runs the shared-stage preemption check:
+          `protect_past_deadline` keeps the texts protected however long the bench runs); the
+          first 16 steps each preempt a decode through vLLM's `_preempt_request`, later steps
+          find every decode preempted once and only pay the check;
+* talker  a downstream stage (the talker's AR scheduler, stage 1) with N stamped speech
+          requests waiting, deadlines shuffled, one-token requests refilled to keep N waiting:
+          every step admits up to 16 in slack order (the `plugin` columns are the admission
+          queue's part: reordering the head of `waiting`, then bookkeeping what was taken).
+
 Reported per `schedule()` call: the time of the whole call (Omni's + vLLM's scheduler with the
 plugin), the plugin's own part (the controller's `run` minus the base scheduler inside it), its
 p95, and per arriving request the `_enqueue_waiting_request` hook (policy admission).
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -41,9 +53,10 @@ sys.path.insert(0, str(HERE))
 BATCH = 16
 
 
-def _setup_env() -> None:
-    tmp = tempfile.mkdtemp(prefix="hs-bench-")
-    os.environ["HORIZONSERVE_SHM_DIR"] = tmp
+def _setup_env(**control: Any) -> None:
+    """The shipped Qwen2.5-Omni classes, paper control defaults (plus `control`)."""
+    if "HORIZONSERVE_SHM_DIR" not in os.environ:
+        os.environ["HORIZONSERVE_SHM_DIR"] = tempfile.mkdtemp(prefix="hs-bench-")
     os.environ["HORIZONSERVE_VLLM_RUN"] = "bench"
     os.environ["HORIZONSERVE_VLLM"] = "1"
     from horizonserve.runtime.config import (
@@ -59,15 +72,16 @@ def _setup_env() -> None:
         pipeline=spec.name,
         slo=spec.slo,
         ladder=default_ladder(),
-        control=ControlParams(),
+        control=ControlParams(**control),
     )
     os.environ["HORIZONSERVE_SERVING_CONFIG"] = config.model_dump_json()
 
 
-def _request(config: Any, rid: str, prio: int, max_tokens: int) -> Any:
+def _request(config: Any, rid: str, prio: int, max_tokens: int, age_s: float = 0.0) -> Any:
     from horizon import stamped
 
-    return stamped(config, rid, 8, prio, time.monotonic_ns(), max_tokens=max_tokens)
+    arrival = time.monotonic_ns() - int(age_s * 1e9)
+    return stamped(config, rid, 8, prio, arrival, max_tokens=max_tokens)
 
 
 class Probe:
@@ -98,31 +112,78 @@ class Probe:
         return [(t - b) * 1e6 for t, b in zip(self.total, self.base, strict=True)]
 
 
+class AdmissionProbe:
+    """Times a downstream stage's admission (before and after vLLM's `schedule()`)."""
+
+    def __init__(self, admission: Any) -> None:
+        self.times: list[float] = []
+        before, after = admission.before_schedule, admission.after_schedule
+        self._t = 0.0
+
+        def timed_before(sched: Any) -> None:
+            t0 = time.perf_counter()
+            before(sched)
+            self._t = time.perf_counter() - t0
+
+        def timed_after(sched: Any, out: Any) -> None:
+            t0 = time.perf_counter()
+            after(sched, out)
+            self.times.append(self._t + time.perf_counter() - t0)
+
+        admission.before_schedule = timed_before
+        admission.after_schedule = timed_after
+
+    def plugin_us(self) -> list[float]:
+        return [t * 1e6 for t in self.times]
+
+
 def _run(kind: str, scenario: str, waiting: int, steps: int, model_dir: Path) -> dict[str, Any]:
     from factory import SchedulerParams, fake_model_output, make_scheduler
 
     from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
     from horizonserve.runtime.engine.vllm_omni.settings import resolve_config
 
+    _setup_env(protect_past_deadline=scenario == "urgent")
     config = resolve_config()
+    stage_id = 1 if scenario == "talker" else 0
     params = SchedulerParams(
-        max_num_seqs=BATCH, max_num_batched_tokens=4096, num_blocks=20000, max_model_len=4096
-    )
+        max_num_seqs=BATCH, max_num_batched_tokens=4096, num_blocks=20000, max_model_len=4096,
+        stage_id=stage_id, model_stage="talker" if stage_id else "thinker",
+    )  # fmt: skip
     cls = ar_scheduler if kind == "horizon" else None
     sched = make_scheduler("omni_ar", model_dir, params, scheduler_cls=cls)
-    probe = Probe(sched.horizon) if kind == "horizon" else None
+    probe: Probe | AdmissionProbe | None = None
+    if kind == "horizon":
+        probe = AdmissionProbe(sched.hs_admission) if stage_id else Probe(sched.horizon)
     counter = 0
+    rng = random.Random(0)
 
-    def add(prio: int, max_tokens: int) -> float:
+    def add(prio: int, max_tokens: int, age_s: float = 0.0) -> float:
         nonlocal counter
         counter += 1
-        request = _request(config, f"{'S' if prio == 0 else 'L'}{counter}", prio, max_tokens)
+        rid = f"{'S' if prio == 0 else 'L'}{counter}"
+        request = _request(config, rid, prio, max_tokens, age_s)
         t0 = time.perf_counter()
         sched.add_request(request)
         return time.perf_counter() - t0
 
     admit_times: list[float] = []
-    if scenario == "full":
+    if scenario == "urgent":
+        for _ in range(BATCH):  # the batch full of long speech decodes
+            add(10, 100_000)
+        while len(sched.running) < BATCH or sched.waiting:  # the long-path cap: 2 per step
+            out = sched.schedule()
+            sched.update_from_output(out, fake_model_output(sched, out))
+        out = sched.schedule()  # one decode step: every request is past its prompt
+        sched.update_from_output(out, fake_model_output(sched, out))
+        text = config.slo.class_for_priority(0)  # the class priority code 0 maps to
+        past_protect = config.slo.target_s(text.name)  # at its deadline: protected, kept so
+        for _ in range(waiting):  # text requests waiting past their protection instant
+            add(0, 100_000, age_s=past_protect)
+    elif scenario == "talker":
+        for _ in range(waiting):
+            add(10, 1, age_s=rng.uniform(0.0, 9.0))
+    elif scenario == "full":
         for _ in range(BATCH):  # fill the batch with long-decoding text requests
             add(0, 100_000)
         out = sched.schedule()
@@ -146,12 +207,15 @@ def _run(kind: str, scenario: str, waiting: int, steps: int, model_dir: Path) ->
         calls.append((time.perf_counter() - t0) * 1e6)
         admitted += len(out.scheduled_new_reqs)
         sched.update_from_output(out, fake_model_output(sched, out))
-        if scenario != "full":
+        if scenario in ("mixed", "burst"):
             need = waiting - len(sched.waiting) - len(sched.skipped_waiting)
             for i in range(max(0, need)):
                 prio = 10 if scenario == "burst" or i % 2 else 0
                 admit_times.append(add(prio, 1))
-        assert abs(len(sched.waiting) - waiting) <= BATCH
+        elif scenario == "talker":
+            for _ in range(max(0, waiting - len(sched.waiting))):
+                admit_times.append(add(10, 1, age_s=rng.uniform(0.0, 9.0)))
+        assert abs(len(sched.waiting) - waiting) <= 2 * BATCH
     row: dict[str, Any] = {
         "call_p50": statistics.median(calls),
         "admitted": admitted / steps,
@@ -162,8 +226,11 @@ def _run(kind: str, scenario: str, waiting: int, steps: int, model_dir: Path) ->
         row["plugin_p50"] = statistics.median(plugin)
         row["plugin_p95"] = plugin[int(0.95 * (len(plugin) - 1))]
         row["admit_us"] = statistics.median(admit_times) * 1e6 if admit_times else float("nan")
-        row["swaps"] = sched.horizon.swaps
-        row["audits"] = sched.horizon.audits
+        if stage_id:
+            row["swaps"] = sched.hs_admission.reorders
+        else:
+            row["swaps"] = sched.horizon.swaps
+            row["preemptions"] = sched.horizon.preemptions
     return row
 
 
@@ -171,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiting", type=int, nargs="+", default=[16, 256, 1024])
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--scenarios", nargs="+", default=["full", "mixed", "burst"])
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=["full", "mixed", "burst", "urgent", "talker"],
+        choices=["full", "mixed", "burst", "urgent", "talker"],
+    )
     args = parser.parse_args(argv)
     _setup_env()
     import logging
@@ -183,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = write_tiny_model_dir(tempfile.mkdtemp(prefix="hs-bench-model-"))
     print(
         f"{'scenario':<8} {'waiting':>7} {'base call':>10} {'HS call':>9} {'plugin p50':>10} "
-        f"{'plugin p95':>10} {'admit/req':>9} {'admitted/step':>13} {'views':>6}  (µs)"
+        f"{'plugin p95':>10} {'admit/req':>9} {'admitted/step':>13} {'views':>6} "
+        f"{'preempt':>7}  (µs)"
     )
     for scenario in args.scenarios:
         for n in args.waiting:
@@ -193,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{scenario:<8} {n:>7} {base['call_p50']:>10.1f} {hs['call_p50']:>9.1f} "
                 f"{hs['plugin_p50']:>10.1f} {hs['plugin_p95']:>10.1f} {admit:>9} "
-                f"{hs['admitted']:>13.2f} {hs['swaps']:>6}",
+                f"{hs['admitted']:>13.2f} {hs['swaps']:>6} {hs.get('preemptions', '-'):>7}",
                 flush=True,
             )
     return 0

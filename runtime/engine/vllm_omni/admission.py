@@ -28,12 +28,16 @@ is not already in slack order (n = the stage's waiting requests, few in practice
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import filterfalse, islice
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.request import RequestStatus
 
 from horizonserve.runtime.downstream import AdmissionQueue, SlackQueue
 from horizonserve.runtime.downstream import Stamp as CoreStamp
+
+_WAITING = RequestStatus.WAITING
 
 
 class DownstreamAdmission:
@@ -90,7 +94,6 @@ class DownstreamAdmission:
             return
         free = sched.max_num_running_reqs - len(sched.running)
         want = min(max(free, 1), len(self._managed))
-        present = set(waiting)
         now = self.clock_ns() * 1e-9
         offered: list[Any] = []
         parked: list[Any] = []  # handed out, but not in `waiting` now (an input gate holds it)
@@ -100,7 +103,9 @@ class DownstreamAdmission:
             if popped is None:
                 break
             request = popped[0]
-            (offered if request in present else parked).append(request)
+            # A managed request sits in `waiting` exactly while its status is WAITING: Omni's
+            # input gates park it under their own status, blocked ones go to skipped_waiting.
+            (offered if request.status == _WAITING else parked).append(request)
         for request in parked:
             self._push_back(request)
         self._offered = offered
@@ -120,11 +125,10 @@ class DownstreamAdmission:
             return  # already in order (the common case: FIFO arrivals with equal classes)
         chosen = set(offered)
         order = list(waiting)
-        rest = [r for r in order[head:] if r not in chosen]
         waiting.clear()
         waiting.extend(order[:head])
         waiting.extend(offered)
-        waiting.extend(rest)
+        waiting.extend(filterfalse(chosen.__contains__, islice(order, head, None)))  # C loop
         self.reorders += 1
 
     def after_schedule(self, sched: Any, out: Any) -> None:

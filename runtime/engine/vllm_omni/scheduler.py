@@ -469,7 +469,7 @@ class SharedStageController:
         `visible` count: the walk skips them instead of counting them.
         """
         hidden = set(victims)
-        urgent = {r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected}
+        urgent = set(self._protected_shorts())
         skip = hidden | urgent
         rest_w = [r for r in w if r not in skip]
         rest_s = [r for r in s if r not in skip]
@@ -483,26 +483,31 @@ class SharedStageController:
         """Preempt running long-path decodes for the protected short-path prefills waiting on a
         full running set (module docstring, step 2b); returns the victims (usually none).
 
-        O(1) unless a protected short-path prefill waits; then O(short waiting + running) per
-        victim. The number of victims is bounded by the places the protected prefills need.
+        O(1) unless a protected short-path prefill waits; then O(running) per policy call (plus
+        the policy's own check) while places are short, O(short waiting) once to check the KV
+        when they are not. Victims are bounded by the places and blocks the protected prefills
+        need.
         """
         policy = self.policy
-        if not policy.preemption or not policy.temporal.protected_short_waiting:
+        if not policy.preemption:
             return []
-        urgent = [r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected]
+        n_urgent = policy.temporal.protected_short_waiting
+        if not n_urgent:
+            return []
         free = free_slots(sched)
         pool = sched.kv_cache_manager.block_pool
-        need_blocks = _first_chunk_blocks(sched, urgent)
+        need_blocks: int | None = None  # KV for the protected prompts' first chunks, when asked
         now = self._step_ns * 1e-9
         victims: list = []
-        while urgent:
-            short_of_places = len(urgent) > free + len(victims)
-            short_of_kv = pool.get_num_free_blocks() < need_blocks
-            if not (short_of_places or short_of_kv):
-                break
-            decodes = self._decodes(sched)
+        while True:
+            short_of_places = n_urgent > free + len(victims)
+            if not short_of_places:  # places enough: do their first chunks fit in the KV?
+                if need_blocks is None:
+                    need_blocks = _first_chunk_blocks(sched, self._protected_shorts())
+                if pool.get_num_free_blocks() >= need_blocks:
+                    break
             victim = policy.preemption_victim(
-                decodes, now, _SIG, self._handed_off, _next_free_s(sched.running)
+                self._decodes(sched), now, _SIG, self._handed_off, _next_free_s(sched.running)
             )
             if victim is None:
                 break
@@ -510,8 +515,13 @@ class SharedStageController:
                 break  # its blocks come back only after the step in flight: no KV gained now
             self._preempt_one(sched, victim)
             victims.append(victim)
-        self.last_victims = [v.request_id for v in victims]
+        if victims or self.last_victims:
+            self.last_victims = [v.request_id for v in victims]
         return victims
+
+    def _protected_shorts(self) -> list:
+        """Waiting short-path prefills protected as of this step's plan (queue entry order)."""
+        return [r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected]
 
     @staticmethod
     def _decodes(sched: Any) -> list:
