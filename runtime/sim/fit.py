@@ -409,10 +409,10 @@ def run_fit(args: Any) -> int:
             "pipelines": {**art.pipelines, campaign.pipeline: cal},
             "created": when,
             "source": (
-                f"fitted by `horizonserve calibrate fit` on {when} to the measured campaign "
-                f"{campaign.path} (pipeline {campaign.pipeline}: factors {prov.factors}, "
-                f"in-sample MAE {prov.mae_in_pp} pp, holdout {prov.mae_out_pp} pp), starting "
-                f"from {base_path}: {art.source}"
+                f"{art.source.rstrip()} Then {campaign.pipeline}'s contention factors fitted by "
+                f"`horizonserve calibrate fit` on {when} to the measured campaign "
+                f"{campaign.path} (factors {prov.factors}, in-sample MAE {prov.mae_in_pp} pp, "
+                f"holdout {prov.mae_out_pp} pp; base {base_path}; provenance in its `fit`)."
             ),
         }
     )

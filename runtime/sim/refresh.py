@@ -18,7 +18,7 @@ from horizonserve.runtime.calibrate.artifact import (
 )
 from horizonserve.runtime.config import PIPELINES, PipelineSpec, RequestClass
 from horizonserve.runtime.sim.profiles import derive_profile
-from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.setup import SimSetup, engine_calibration
 from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.workload import load_workload
 
@@ -27,12 +27,15 @@ SOLO_REQUESTS = 200  # requests per class behind the shipped solo_p95_s defaults
 
 def pipeline_source(artifact_name: str, artifact: CalibrationArtifact) -> str:
     """The `source` line of a shipped pipeline file derived from `artifact_name`."""
-    measured = artifact.source.startswith("measured")
-    what = (
-        "measured on the GPU by `horizonserve calibrate` (per-field provenance in its notes)"
-        if measured
-        else "an ESTIMATE anchored on the paper's figures, not a calibration"
-    )
+    if any(p.fit is not None for p in artifact.pipelines.values()):
+        what = (
+            "measured on the GPU by `horizonserve calibrate`, contention factors fitted to "
+            "measured campaign runs by `horizonserve calibrate fit` (provenance in its `fit`)"
+        )
+    elif artifact.source.startswith("measured"):
+        what = "measured on the GPU by `horizonserve calibrate` (per-field provenance in its notes)"
+    else:
+        what = "an ESTIMATE anchored on the paper's figures, not a calibration"
     return (
         "Classes from the HorizonServe paper (§6.1). Profiles (r̂ inputs) derived by "
         f"horizonserve.runtime.sim.profiles from the calibration artifact "
@@ -49,7 +52,7 @@ def write_pipeline(name: str, path: str, artifact_name: str = DEFAULT_ARTIFACT) 
     with open(path) as f:
         data = json.load(f)
     artifact = load_packaged(artifact_name)
-    cal = artifact.pipeline(name)
+    cal = engine_calibration(name, artifact.pipeline(name))
     wl = load_workload(name)
     for c in data["slo"]["classes"]:
         rc = RequestClass.model_validate(c)

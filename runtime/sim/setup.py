@@ -24,6 +24,15 @@ from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.workload import load_workload
 
 
+def engine_calibration(
+    pipeline: str, cal: PipelineCalibration, deploy_profile: str | None = None
+) -> PipelineCalibration:
+    """`cal` with the engine limits of `deploy_profile`, else of the entry's own profile; with
+    neither, `cal` as it is."""
+    profile = deploy_profile or cal.deploy_profile
+    return with_deploy(cal, load_deploy(pipeline, profile)) if profile else cal
+
+
 @dataclass(frozen=True)
 class SimSetup:
     spec: PipelineSpec
@@ -55,10 +64,7 @@ class SimSetup:
         """
         spec = load_pipeline(pipeline)
         art = artifact if artifact is not None else load_artifact()
-        cal = art.pipeline(pipeline)
-        profile = deploy_profile or cal.deploy_profile
-        if profile is not None:
-            cal = with_deploy(cal, load_deploy(pipeline, profile))
+        cal = engine_calibration(pipeline, art.pipeline(pipeline), deploy_profile)
         ctl = control if control is not None else cal.control()
         slo = spec.slo
         if derive_profiles:

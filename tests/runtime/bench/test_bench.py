@@ -82,7 +82,7 @@ def test_sweep_report_is_labelled_simulated(tmp_path: Path) -> None:
     assert f["speed"]["per_core_x_real_time"] > 0
     assert f["stressed_rate"]["best_non_mps_baseline"] == "fcfs"  # the only one swept here
     # The default artifact is the measured H200 one, and the report says which it used.
-    assert data["artifact"]["measured"] and data["artifact"]["file"].endswith("h200-measured.json")
+    assert data["artifact"]["measured"] and data["artifact"]["file"].endswith("h200-fitted.json")
     text = summary_table(raw)
     assert "SIMULATED" in text and "calibration artifact:" in text and "measured on the GPU" in text
 

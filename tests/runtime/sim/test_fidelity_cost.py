@@ -37,7 +37,7 @@ def test_decode_pads_to_the_captured_batch_only_with_graphs() -> None:
 
 
 def test_decode_slope_follows_the_sm_level() -> None:
-    flat = SharedCost(_cal("tuned", decode_seq_frac=0.02))
+    flat = SharedCost(_cal("tuned", decode_seq_frac=0.02, decode_slope_scale=None))
     k = SmCurve(sms=[32, 132], values=[2.0, 1.0])
     steep = SharedCost(_cal("tuned", decode_seq_frac=0.02, decode_slope_scale=k))
     args = (0, 4096, False, Sharing.PARTITION, False)
