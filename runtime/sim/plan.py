@@ -9,6 +9,13 @@ attainment(λ_fail) < target were both simulated. The reported capacity is λ_ok
 
 Attainment(λ) need not be monotone on one finite trace; bisection returns *a* crossing inside
 the first bracket found, which the report states with its two measured endpoints.
+
+Steady state: a 30-s point is a transient (an overloaded talker's backlog is still growing at
+its end, so attainment depends on the point's length). `SteadyTraces` gives every evaluated
+rate its own point of `STEADY` length — a stated warm-up whose requests are not scored, then a
+scored window — cut from one long unit-rate trace, so the points of different rates share
+their requests (the point at rate λ is the time-compressed prefix of that sequence that fits
+the point's length). Each result states the warm-up and window it was scored on.
 """
 
 from __future__ import annotations
@@ -17,12 +24,73 @@ import math
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
-from horizonserve.runtime.workload import Trace
+from horizonserve.runtime.workload import Trace, WorkloadSpec, generate
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """The length of a steady-state point, in seconds at the point's own rate."""
+
+    warmup_s: float = 60.0  # arrivals before this are simulated, not scored
+    window_s: float = 240.0  # then this long is scored
+
+    def describe(self) -> str:
+        return (
+            f"steady state: each rate simulated for {self.warmup_s + self.window_s:g} s, "
+            f"attainment over the last {self.window_s:g} s (first {self.warmup_s:g} s warm-up)"
+        )
+
+
+STEADY = SteadyState()
+
+
+@dataclass
+class SteadyTraces:
+    """Points of `steady` length at any rate up to `max_rate` from one unit-rate sequence:
+    `scaled(rate)` stands in for `Trace.scaled` (module docstring). Above `max_rate` the
+    sequence is drawn again, longer (its requests then differ from the earlier points')."""
+
+    workload: WorkloadSpec
+    mix: dict[str, float]
+    seed: int = 0
+    steady: SteadyState = STEADY
+    max_rate: float = 128.0
+    _unit: Trace | None = field(default=None, repr=False)
+
+    def _sequence(self, rate: float) -> Trace:
+        if rate > self.max_rate or self._unit is None:
+            self.max_rate = max(self.max_rate, rate)
+            span = self.steady.warmup_s + self.steady.window_s
+            n = math.ceil(self.max_rate * span * 1.2) + 64
+            self._unit = generate(self.workload, self.mix, rate=1.0, n_requests=n, seed=self.seed)
+        return self._unit
+
+    def scaled(self, rate: float) -> Trace:
+        s = self.steady
+        span = s.warmup_s + s.window_s
+        t = self._sequence(rate).scaled(rate)
+        n = int(np.searchsorted(t.arrival, span, side="left"))
+        cols = ("cls", "arrival", "text_tokens", "audio_s", "images", "video_s",
+                "output_tokens", "output_audio_s")  # fmt: skip
+        return replace(
+            t, **{c: getattr(t, c)[:n] for c in cols}, duration_s=span, warmup_s=s.warmup_s
+        )
+
+
+def scored_window(unit: Trace | SteadyTraces, rate: float) -> tuple[float, float]:
+    """(warm-up s, scored window s) of the point `unit` gives at `rate`."""
+    if isinstance(unit, SteadyTraces):
+        return unit.steady.warmup_s, unit.steady.window_s
+    k = unit.rate / rate
+    return unit.warmup_s * k, (unit.duration_s - unit.warmup_s) * k
+
 
 MIN_RATE = 1e-3
 MAX_RATE = 1e4
@@ -38,6 +106,8 @@ class PlanResult:
     attainment_fail: float | None
     evaluations: list[tuple[float, float]] = field(default_factory=list)
     wall_s: float = 0.0
+    warmup_s: float | None = None  # warm-up of the point at rate_ok (not scored)
+    window_s: float | None = None  # scored window of the point at rate_ok
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -45,7 +115,9 @@ class PlanResult:
         return d
 
 
-def attainment_at(setup: SimSetup, unit: Trace, system: str, rate: float, seed: int) -> float:
+def attainment_at(
+    setup: SimSetup, unit: Trace | SteadyTraces, system: str, rate: float, seed: int
+) -> float:
     r = simulate(setup, unit.scaled(rate), system, seed=seed)
     a = r.attainment()
     return 0.0 if math.isnan(a) else a
@@ -53,7 +125,7 @@ def attainment_at(setup: SimSetup, unit: Trace, system: str, rate: float, seed: 
 
 def plan_system(
     setup: SimSetup,
-    unit: Trace,
+    unit: Trace | SteadyTraces,
     system: str,
     *,
     target: float = 0.9,
@@ -104,6 +176,7 @@ def plan_system(
             ok, a_ok = mid, a
         else:
             fail, a_fail = mid, a
+    warm, window = scored_window(unit, ok) if ok > 0 else (None, None)
     return PlanResult(
         system=system,
         target=target,
@@ -113,13 +186,15 @@ def plan_system(
         attainment_fail=a_fail,
         evaluations=evals,
         wall_s=time.perf_counter() - t0,
+        warmup_s=warm,
+        window_s=window,
     )
 
 
-_CTX: tuple[SimSetup, Trace, dict[str, Any]] | None = None
+_CTX: tuple[SimSetup, Trace | SteadyTraces, dict[str, Any]] | None = None
 
 
-def _init(setup: SimSetup, unit: Trace, kw: dict[str, Any]) -> None:
+def _init(setup: SimSetup, unit: Trace | SteadyTraces, kw: dict[str, Any]) -> None:
     global _CTX
     _CTX = (setup, unit, kw)
 
@@ -132,7 +207,7 @@ def _one(system: str) -> PlanResult:
 
 def plan(
     setup: SimSetup,
-    unit: Trace,
+    unit: Trace | SteadyTraces,
     systems: list[str],
     *,
     target: float = 0.9,

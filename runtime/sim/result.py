@@ -39,6 +39,18 @@ class SimResult:
     def window(self) -> np.ndarray:
         return (self.arrival >= self.warmup_s) & (self.arrival < self.duration_s)
 
+    @property
+    def window_s(self) -> float:
+        """Length of the scored window: arrivals in [warmup_s, duration_s)."""
+        return max(0.0, self.duration_s - self.warmup_s)
+
+    def scoring(self) -> str:
+        """The stated window every attainment of this result is over."""
+        return (
+            f"attainment over arrivals in [{self.warmup_s:g}, {self.duration_s:g}) s: "
+            f"{self.window_s:g} s scored after a {self.warmup_s:g}-s warm-up"
+        )
+
     def met(self) -> np.ndarray:
         lat = self.latency
         ok = ~np.isnan(lat)
@@ -66,6 +78,7 @@ class SimResult:
             "rate": self.rate,
             "duration_s": self.duration_s,
             "warmup_s": self.warmup_s,
+            "window_s": self.window_s,
             "classes": list(self.classes),
             "targets_s": [float(x) for x in self.targets],
             "stats": self.stats,
