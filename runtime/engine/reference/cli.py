@@ -20,6 +20,7 @@ from horizonserve.runtime.engine.reference.access import (
 from horizonserve.runtime.engine.reference.pipeline import (
     DOWNSTREAM_STAGES,
     Pipeline,
+    PipelineError,
     PipelineOptions,
 )
 from horizonserve.runtime.engine.reference.presets import PRESETS
@@ -197,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("serving on %s without an API key: anyone who reaches it may use it", args.host)
     pipeline = Pipeline(options_from_args(args))
     stop = threading.Event()
-    server: ApiServer | None = None
+    # Bind before the (slow) stage start-up: a taken port fails at once.
+    server = ApiServer(pipeline, args.host, args.port, settings)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: refusing new requests and shutting down", signum)
@@ -207,8 +209,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        pipeline.start()
-        server = ApiServer(pipeline, args.host, args.port, settings)
+        try:
+            pipeline.start()
+        except PipelineError as exc:
+            print(f"horizonserve serve: error: {exc}", file=sys.stderr)
+            return 1
         server.serve_in_thread()
         info = {name: i.get("sm_cap") for name, i in pipeline.stage_info.items()}
         print(
@@ -232,8 +237,7 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             stats.maybe_write()
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        server.shutdown()
+        server.server_close()
         pipeline.stop()
     return 0
