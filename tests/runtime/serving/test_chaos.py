@@ -214,3 +214,25 @@ def test_corrupt_header_is_repaired_while_every_class_keeps_serving(
     assert {r.cls for r in window} == set(CLASSES)
     assert {n: s["pid"] for n, s in served.healthz()["stages"].items()} == pids  # no restart
     RESULTS.append({"stage": "header", "fault": "corrupt", "repair_s": round(t_fixed - t0, 2)})
+
+
+def test_a_killed_front_leaves_no_stage_and_its_record_is_removed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    srv = start_server(tmp_path)
+    pids = [int(s["pid"]) for s in srv.healthz()["stages"].values()]
+    leftover = _record(srv)
+    srv.proc.kill()  # SIGKILL: no cleanup in the front process at all
+    srv.proc.wait()
+    deadline = time.monotonic() + 15
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids), "stage processes outlived their front"
+    assert leftover.exists()  # nobody could remove it ...
+    again = start_server(tmp_path)  # ... until the next start sweeps it
+    try:
+        assert not leftover.exists()
+        assert [p.name for p in again.shm.iterdir()] == [_record(again).name]
+    finally:
+        assert again.stop() == 0
+    assert list(again.shm.iterdir()) == []
