@@ -46,11 +46,13 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 # A Qwen2-architecture config small enough to be meaningless but valid for transformers'
 # Qwen2Config and vLLM's architecture registry. No weights or tokenizer files are needed.
+# head_dim 64 (256 / 4): what vLLM's CPU attention backend needs when it really runs the model
+# (vllm_cpu_engine.py, with dummy weights).
 TINY_QWEN2_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 256,
+    "intermediate_size": 512,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,

@@ -36,23 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-TINY_QWEN2 = {  # head_dim 64 (256 / 4): the CPU attention backend needs head_dim ≥ 64
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "vocab_size": 1024,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": True,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # factory (no vLLM import at load)
+from factory import TINY_QWEN2_CONFIG
+
+TINY_QWEN2 = {**TINY_QWEN2_CONFIG, "torch_dtype": "bfloat16"}  # head_dim 64 (CPU attention)
 SYSTEMS = ("fcfs", "priority", "horizon")
 SCHEDULER = "horizonserve.runtime.engine.vllm_omni.scheduler.ar_scheduler"
 TEXT, SPEECH = 0, 10

@@ -18,8 +18,7 @@ order, right behind the requests the queue does not manage: continuations (a req
 preempted, a native generation chunk re-queued) and unstamped requests keep the head, as vLLM
 left it. Every other request keeps its relative position. After the step, what vLLM took leaves
 the queue (counted, late or not); what it did not take goes back into it. Late requests are
-served and counted (`late_admitted`), never dropped; with `reject_late` the shared stage
-refuses them at hand-off (not here).
+served and counted (`late_admitted`), never dropped (`reject_late` is not applied here).
 
 Cost per step: O(k log n) for the k handed out, plus one O(n) pass over `waiting` when the head
 is not already in slack order (n = the stage's waiting requests, few in practice).
