@@ -15,33 +15,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import zlib
 from pathlib import Path
 from typing import Any
+
+# One reader of the per-item gzip members, shared with the simulator fit.
+from horizonserve.runtime.calibrate.records import read_members
 
 SAME_KEYS = ("pipeline", "preset", "slo", "downstream")
 
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def read_members(path: Path) -> list[Any]:
-    """JSON lines from a file of concatenated gzip members (one per item); a truncated last
-    member (a run cut while writing it) is skipped, a missing file is empty."""
-    data = path.read_bytes() if path.exists() else b""
-    out: list[Any] = []
-    while data:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            text = d.decompress(data)
-        except zlib.error:
-            break
-        if not d.eof:
-            break
-        out.extend(json.loads(line) for line in text.decode().splitlines() if line.strip())
-        data = d.unused_data
-    return out
 
 
 def mismatch(new: dict[str, Any], old: dict[str, Any]) -> str | None:

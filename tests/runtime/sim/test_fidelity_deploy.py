@@ -3,8 +3,6 @@ same per-stage limits from the vLLM-Omni deploy YAML (plus the named "tuned" pro
 
 from __future__ import annotations
 
-import json
-import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 import yaml
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.calibrate.records import read_members
 from horizonserve.runtime.engine.deploy import PROFILES, load_deploy
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.sim.setup import SimSetup
@@ -52,11 +51,7 @@ def test_tuned_profile_is_what_the_h200_campaign_ran() -> None:
     assert (p.talker_limits.max_batch, p.code_chunk, p.first_chunk) == (16, 25, 25)
     most, multi_prompt_tokens = 0, 0
     for path in sorted(CAMPAIGN.glob("s*/steps.jsonl.gz")):
-        data = path.read_bytes()
-        while data:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            member = json.loads(d.decompress(data))
-            data = d.unused_data
+        for member in read_members(path):
             ix = {c: i for i, c in enumerate(member["columns"])}
             for r in member["rows"]:
                 most = max(most, r[ix["decode_batch"]] + r[ix["prefill_batch"]])
