@@ -367,6 +367,10 @@ def _points(text: str | None, campaign: Campaign, flag: str) -> list[str]:
 
 def run_fit(args: Any) -> int:
     """The fit as a command: writes the artifact and `<out>.fit.json` (per-item table)."""
+    if not args.warmup_s >= 0 or not math.isfinite(args.warmup_s):
+        raise ValueError(f"--warmup-s {args.warmup_s}: give seconds >= 0")
+    if args.max_evals < 1:
+        raise ValueError(f"--max-evals {args.max_evals}: give at least 1")
     campaign = read_campaign(args.records, warmup_s=args.warmup_s)
     base_path = args.base or campaign.artifact_path
     art = load_artifact(base_path)
