@@ -598,7 +598,7 @@ def service(owner: Owner, spec: OmniServiceSpec) -> dict[str, Any]:
 # --- drift: what a pod may not differ in from what the operator built ----------------------
 
 
-def _env_digestible(env: list[dict[str, Any]] | None) -> list[Any]:
+def _env_view(env: list[dict[str, Any]] | None) -> list[Any]:
     out = []
     for item in env or ():
         ref = item.get("valueFrom") or {}
@@ -610,52 +610,86 @@ def _env_digestible(env: list[dict[str, Any]] | None) -> list[Any]:
     return out
 
 
-def _container_digestible(c: Mapping[str, Any]) -> list[Any]:
+def _container_view(c: Mapping[str, Any]) -> dict[str, Any]:
     mounts = [
         [m.get("name"), m.get("mountPath"), bool(m.get("readOnly"))]
         for m in c.get("volumeMounts") or ()
     ]
-    return [
-        c.get("name"),
-        c.get("image"),
-        c.get("command"),
-        c.get("args"),
-        _env_digestible(c.get("env")),
-        c.get("envFrom"),
-        c.get("securityContext"),
-        sorted(mounts),
-    ]
+    return {
+        "image": c.get("image"),
+        "command": c.get("command"),
+        "args": c.get("args"),
+        "env": _env_view(c.get("env")),
+        "envFrom": c.get("envFrom"),
+        "securityContext": c.get("securityContext") or {},
+        "mounts": sorted(mounts),
+    }
 
 
-def trust_digest(pod_spec: Mapping[str, Any]) -> str:
-    """A digest of the parts of a pod spec that decide what it runs and what it may reach.
+def trust_view(pod_spec: Mapping[str, Any]) -> str:
+    """The parts of a pod spec that decide what it runs and what it may reach, as canonical
+    JSON: containers and volumes by name (images, commands, env, security contexts, mounts,
+    volume kinds), identity and token, host namespaces, ephemeral containers, the deadline.
 
-    Computed alike on the pod the operator builds and on the pod the API server returns (so
-    only fields that defaulting leaves alone, normalised): images, commands, env, security
-    contexts, mounts, volume kinds, identity and token, host namespaces, tolerations. Images,
-    tolerations and activeDeadlineSeconds are the parts of a pod spec that can change after
-    creation; the rest guards against a pod made under this name by someone else. The
-    operator trusts no label for this: a pod whose digest differs is replaced.
+    Computed alike on the pod the operator builds and on the pod the API server returns, from
+    fields that defaulting leaves alone. Images and activeDeadlineSeconds are what can change
+    in a pod after creation (and ephemeral containers be added); the rest guards against a pod
+    made under this name by someone else. No label is trusted for this.
     """
-    volumes = sorted(
-        [v.get("name"), sorted(k for k in v if k != "name"), (v.get("hostPath") or {}).get("path")]
+    containers = {
+        c.get("name", ""): _container_view(c)
+        for key in ("initContainers", "containers")
+        for c in pod_spec.get(key) or ()
+    }
+    volumes = {
+        v.get("name", ""): [
+            sorted(k for k in v if k != "name"),
+            (v.get("hostPath") or {}).get("path"),
+        ]
         for v in pod_spec.get("volumes") or ()
-    )
-    tolerations = sorted(
-        json.dumps({k: v for k, v in t.items() if v not in (None, "")}, sort_keys=True)
-        for t in pod_spec.get("tolerations") or ()
-    )
-    shape = {
-        "init": [_container_digestible(c) for c in pod_spec.get("initContainers") or ()],
-        "containers": [_container_digestible(c) for c in pod_spec.get("containers") or ()],
-        "ephemeral": bool(pod_spec.get("ephemeralContainers")),
+    }
+    view = {
+        "containers": containers,
         "volumes": volumes,
+        "ephemeral": bool(pod_spec.get("ephemeralContainers")),
         "serviceAccountName": pod_spec.get("serviceAccountName"),
         "automount": pod_spec.get("automountServiceAccountToken"),
         "host": [bool(pod_spec.get(k)) for k in ("hostNetwork", "hostPID", "hostIPC")],
-        "securityContext": pod_spec.get("securityContext"),
-        "tolerations": tolerations,
+        "securityContext": pod_spec.get("securityContext") or {},
         "activeDeadlineSeconds": pod_spec.get("activeDeadlineSeconds"),
         "runtimeClassName": pod_spec.get("runtimeClassName"),
     }
-    return _digest(json.dumps(shape, sort_keys=True, separators=(",", ":")), 16)
+    return json.dumps(view, sort_keys=True, separators=(",", ":"))
+
+
+def _within(live: Mapping[str, Any], built: Mapping[str, Any]) -> dict[str, Any]:
+    """`live` cut to the keys `built` sets (what admission adds elsewhere is not drift)."""
+    return {k: live.get(k) for k in built}
+
+
+def drifted(live_view: str, built_view: str) -> bool:
+    """Whether a live pod differs from what the operator built, in what the operator set.
+
+    Containers and volumes the cluster's admission added (a mesh sidecar, a CA bundle) and
+    security-context keys a platform fills in (OpenShift's SELinux options) are not drift:
+    they came at creation, by the cluster's own policy, and would make every rebuilt pod
+    "drifted" again. A changed image, command, env or mount of a container the operator built,
+    a missing container or volume, an added hostPath, an ephemeral container, another identity
+    or token, host namespaces: drift.
+    """
+    live, built = json.loads(live_view), json.loads(built_view)
+    if live["ephemeral"] or any(v[1] for v in live["volumes"].values()):  # hostPath
+        return True
+    for name, want in built["containers"].items():
+        have = live["containers"].get(name)
+        if have is None:
+            return True
+        sc = _within(have["securityContext"], want["securityContext"])
+        if {**have, "securityContext": sc} != want:
+            return True
+    if any(live["volumes"].get(n) != v for n, v in built["volumes"].items()):
+        return True
+    rest = ("serviceAccountName", "automount", "host", "activeDeadlineSeconds", "runtimeClassName")
+    if any(live[k] != built[k] for k in rest):
+        return True
+    return _within(live["securityContext"], built["securityContext"]) != built["securityContext"]

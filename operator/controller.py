@@ -391,7 +391,7 @@ async def sync_pods(
         if key not in svc.trust:
             if len(svc.trust) > 4 * max(1, len(placement.keys)):
                 svc.trust.clear()
-            svc.trust[key] = builders.trust_digest(build(node)["spec"])
+            svc.trust[key] = builders.trust_view(build(node)["spec"])
         return svc.trust[key]
 
     now = time.monotonic()

@@ -12,7 +12,7 @@ from horizonserve.operator.builders import (
     LABEL_CALIBRATION_KEY,
     LABEL_NODE,
     LABEL_SPEC_HASH,
-    trust_digest,
+    trust_view,
 )
 
 
@@ -29,7 +29,7 @@ class PodState:
     ready: bool = False
     deleting: bool = False
     calibrating: bool = False
-    trust: str = ""  # builders.trust_digest of the live pod spec ("" when unknown)
+    trust: str = ""  # builders.trust_view of the live pod spec ("" when unknown)
     calibration_key: str | None = None
 
 
@@ -84,6 +84,6 @@ def pod_state(
         ready=conditions.get("Ready") == "True" and not deleting,
         deleting=deleting,
         calibrating=calibrating,
-        trust=trust_digest(spec) if spec is not None else "",
+        trust=trust_view(spec) if spec is not None else "",
         calibration_key=labels.get(LABEL_CALIBRATION_KEY),
     )

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from horizonserve.operator.builders import LABEL_SPEC_HASH, pod_name
+from horizonserve.operator.builders import LABEL_SPEC_HASH, drifted, pod_name
 from horizonserve.operator.kube import Kube, KubeError, object_path
 from horizonserve.operator.nodes import Selection
 from horizonserve.operator.pods import PodState
@@ -56,7 +56,7 @@ def plan(
       ready pod; the rest wait for the next round.
     * A pod being deleted blocks its node until it is gone (the successor reuses the name).
     * An up-to-date pod whose spec differs from what the operator builds for its node
-      (`trust(node)`, a `builders.trust_digest`; say an image changed in place) is replaced at
+      (`trust(node)`, a `builders.trust_view`; say an image changed in place) is replaced at
       once, ready or not: the label says current, the spec says otherwise.
 
     `template_hash` is one hash for every node or the expected hash per node.
@@ -68,7 +68,7 @@ def plan(
         return template_hash.get(node, "")
 
     by_node: dict[str, PodState] = {}
-    drifted: list[str] = []
+    replaced: list[str] = []  # drifted pods
     delete: list[PodState] = []
     for pod in sorted(pods, key=lambda p: p.name):
         stray = pod.node not in selection.keep or pod.name != pod_name(osvc, pod.node)
@@ -94,10 +94,10 @@ def plan(
             trust is not None
             and pod.trust
             and pod.spec_hash == expected(node)
-            and pod.trust != trust(node)
+            and drifted(pod.trust, trust(node))
         ):
             delete.append(pod)
-            drifted.append(pod.name)
+            replaced.append(pod.name)
             unavailable += 1
         elif pod.spec_hash != expected(node) and node in selection.create:
             if pod.ready:
@@ -111,7 +111,7 @@ def plan(
     delete.extend(outdated_ready[:budget])
     unavailable += min(budget, len(outdated_ready))
     return Plan(
-        create=tuple(create), delete=tuple(delete), unavailable=unavailable, drifted=tuple(drifted)
+        create=tuple(create), delete=tuple(delete), unavailable=unavailable, drifted=tuple(replaced)
     )
 
 

@@ -32,38 +32,41 @@ def _run(cluster: KubeCluster, *files: Path) -> subprocess.CompletedProcess[str]
     )
 
 
-def _max_multiplier(cluster: KubeCluster) -> Any:
+def _shm_max_length(cluster: KubeCluster) -> Any:
     _, body = cluster.request(
         "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
     )
     schema = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return schema["properties"]["spec"]["properties"]["slo"]["properties"]["multiplier"]["maximum"]
+    return schema["properties"]["spec"]["properties"]["shmSize"]["maxLength"]
 
 
 def test_stricter_crd_is_refused_while_stored_objects_fail_it(
     kube_cluster: KubeCluster, tmp_path: Path
 ) -> None:
     cluster = kube_cluster
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+    had_crd = cluster.request("GET", path)[0] == 200
     install_crd(cluster)
     ns = new_namespace(cluster, "upg")
-    spec = {"pipeline": "bagel", "allGpuNodes": True, "slo": {"multiplier": 5}}
+    spec = {"pipeline": "bagel", "allGpuNodes": True, "shmSize": "16Gi"}
     obj = {"apiVersion": "horizonserve.io/v1alpha1", "kind": "OmniService",
            "metadata": {"name": "loose"}, "spec": spec}  # fmt: skip
     status, body = cluster.request("POST", OSVC_PATH.format(ns=ns), obj)
     assert status == 201, body
-    # A "new" CRD whose schema caps the multiplier at 2: the stored object fails it.
+    # A "new" CRD whose schema allows at most 3 characters of shmSize (the default "8Gi"
+    # fits): the stored object ("16Gi") fails it.
     stricter = crd.crd()
     schema = stricter["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    schema["properties"]["slo"]["properties"]["multiplier"]["maximum"] = 2
+    schema["properties"]["shmSize"]["maxLength"] = 3
     new = tmp_path / "stricter.yaml"
     new.write_text(yaml.safe_dump(stricter))
-    before = _max_multiplier(cluster)
+    before = _shm_max_length(cluster)
     try:
         res = _run(cluster, new)
         assert res.returncode != 0, res.stderr
-        assert f"{ns}/loose:" in res.stderr and "spec.slo.multiplier" in res.stderr, res.stderr
+        assert f"{ns}/loose:" in res.stderr and "spec.shmSize" in res.stderr, res.stderr
         assert "nothing applied" in res.stderr
-        assert _max_multiplier(cluster) == before  # the CRD was left as it was
+        assert _shm_max_length(cluster) == before  # the CRD was left as it was
         # The shipped CRD accepts the stored object: checked, then applied.
         res = _run(cluster, crd.default_path())
         assert res.returncode == 0, res.stderr
@@ -83,3 +86,5 @@ def test_stricter_crd_is_refused_while_stored_objects_fail_it(
         wait_for("the throw-away check CRD removed", check_crd_gone, timeout=30)
     finally:
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+        if not had_crd:  # leave the session cluster as it was (the plain-install test checks)
+            cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", "--timeout=60s", check=False)

@@ -296,19 +296,36 @@ def test_service_selects_the_serving_pods() -> None:
     assert builders.endpoint(OWNER) == "http://qwen-omni.serving.svc:8000"
 
 
-def test_trust_digest_sees_in_place_changes_only_where_they_matter() -> None:
+def test_drift_is_what_the_operator_set_changed_not_what_admission_added() -> None:
     spec = _pod()["spec"]
-    base = builders.trust_digest(spec)
-    assert builders.trust_digest(json.loads(json.dumps(spec))) == base
-    image = json.loads(json.dumps(spec))
-    image["containers"][0]["image"] = "evil:1"
-    assert builders.trust_digest(image) != base
-    tol = json.loads(json.dumps(spec))
-    tol["tolerations"].append({"operator": "Exists"})
-    assert builders.trust_digest(tol) != base
-    # What the API server adds when it stores a pod does not count.
-    stored = json.loads(json.dumps(spec))
-    for c in stored["containers"]:
-        c.update(terminationMessagePath="/dev/termination-log", imagePullPolicy="IfNotPresent")
-    stored.update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler", priority=0)
-    assert builders.trust_digest(stored) == base
+    built = builders.trust_view(spec)
+
+    def drift(change) -> bool:
+        live = json.loads(json.dumps(spec))
+        change(live)
+        return builders.drifted(builders.trust_view(live), built)
+
+    assert not drift(lambda s: None)
+
+    # What the API server and the cluster's admission add at creation is not drift.
+    def stored(s: dict) -> None:
+        for c in s["containers"]:
+            c.update(terminationMessagePath="/dev/termination-log", imagePullPolicy="Always")
+        s.update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler", priority=0)
+        s["containers"].append({"name": "istio-proxy", "image": "istio/proxyv2:1"})
+        s["volumes"].append({"name": "istio-envoy", "emptyDir": {}})
+        s["securityContext"]["seLinuxOptions"] = {"level": "s0:c1,c2"}
+        s["containers"][0]["securityContext"]["seLinuxOptions"] = {"level": "s0"}
+        s["tolerations"].append({"key": "team", "operator": "Exists"})
+
+    assert not drift(stored)
+    # What a compromised pod, or someone with pod rights, could change: drift.
+    assert drift(lambda s: s["containers"][0].update(image="evil:1"))
+    assert drift(lambda s: s["initContainers"][0].update(image="evil:1"))
+    assert drift(lambda s: s.update(activeDeadlineSeconds=1))
+    assert drift(lambda s: s.update(ephemeralContainers=[{"name": "debug", "image": "x"}]))
+    assert drift(lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}))
+    assert drift(lambda s: s["containers"][0]["securityContext"].update(privileged=True))
+    assert drift(lambda s: s.update(serviceAccountName="admin", automountServiceAccountToken=True))
+    assert drift(lambda s: s.update(hostPID=True))
+    assert drift(lambda s: s["containers"].pop(1))

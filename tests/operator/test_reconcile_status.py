@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from horizonserve.operator import status
 from horizonserve.operator.builders import pod_name
@@ -270,8 +271,15 @@ def test_conflict_condition_and_endpoint() -> None:
 
 
 def test_plan_replaces_a_drifted_pod_at_once() -> None:
-    pods = [_pod("a", trust="t-evil"), _pod("b", trust="t-ok"), _pod("c", h="old", trust="x")]
-    p = plan(OSVC, _sel({"a", "b", "c"}), pods, H, max_unavailable=1, trust=lambda n: "t-ok")
+    container = {"image": "ok", "command": None, "args": None, "env": [], "envFrom": None,
+                 "securityContext": {}, "mounts": []}  # fmt: skip
+    built = json.dumps({"containers": {"c": container}, "volumes": {}, "ephemeral": False,
+                        "serviceAccountName": "sa", "automount": False, "host": [False] * 3,
+                        "securityContext": {}, "activeDeadlineSeconds": None,
+                        "runtimeClassName": None})  # fmt: skip
+    evil = built.replace('"ok"', '"evil"')
+    pods = [_pod("a", trust=evil), _pod("b", trust=built), _pod("c", h="old", trust=evil)]
+    p = plan(OSVC, _sel({"a", "b", "c"}), pods, H, max_unavailable=1, trust=lambda n: built)
     assert p.drifted == ("svc-a",)
     # The drifted pod goes although the budget is spent; the outdated c is not a drift.
     assert {d.name for d in p.delete} == {"svc-a"}
