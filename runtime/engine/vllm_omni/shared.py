@@ -27,6 +27,8 @@ from horizonserve.runtime.monitor import (
     RecordFormatError,
     RequestTable,
     TableFormatError,
+    remove_stale,
+    shm_dir,
     shm_path,
 )
 
@@ -66,6 +68,7 @@ def become_root() -> bool:
 def create_fresh() -> None:
     """Root only: create both files anew and remove them when this process exits."""
     global _record, _table
+    remove_stale(shm_dir())  # files of servers killed before they could remove them
     with _lock:
         _record = ControlRecord.create(record_path(), n_slots=N_SLOTS)
         _table = RequestTable.create(table_path(), capacity=TABLE_CAPACITY)
