@@ -261,6 +261,7 @@ def serving_command(spec: OmniServiceSpec, config: ServingConfig) -> list[str]:
 # The serving process binds every interface of the pod's network namespace, explicitly (its
 # own default is loopback only); the chart's NetworkPolicy limits who may connect.
 SERVING_HOST = "0.0.0.0"
+# The serving image is vLLM's CUDA image: `python3` (there may be no `python`).
 # Probe paths per backend: vLLM's server answers /health only; the reference server answers
 # /health (liveness: heartbeat-based) and /ready (200 while it serves).
 PROBES = {
@@ -354,7 +355,7 @@ def serving_pod(
         # The node agent uploads a new calibration artifact into the node's ConfigMap, then
         # becomes `horizonserve sidecar` (metrics, summary into the same ConfigMap).
         "command": [
-            "python",
+            "python3",
             "-m",
             "horizonserve.operator.nodeagent",
             "upload",
@@ -388,7 +389,7 @@ def serving_pod(
             "image": image,
             **pull,
             "command": [
-                "python", "-m", "horizonserve.operator.nodeagent", "restore",
+                "python3", "-m", "horizonserve.operator.nodeagent", "restore",
                 "--from", STORED_MOUNT, "--to", ARTIFACT_MOUNT, "--",
                 "horizonserve", "calibrate", "--pipeline", config.pipeline,
                 "--mode", spec.calibration.mode.value, "--out-dir", ARTIFACT_MOUNT,

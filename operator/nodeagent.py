@@ -1,8 +1,8 @@
 """Node-side glue of a serving pod: calibration artifacts between the node's ConfigMap and
 the pod's artifact directory, then the real command.
 
-    python -m horizonserve.operator.nodeagent restore --from STORED --to DIR -- CMD...
-    python -m horizonserve.operator.nodeagent upload --from DIR --configmap NAME -- CMD...
+    python3 -m horizonserve.operator.nodeagent restore --from STORED --to DIR -- CMD...
+    python3 -m horizonserve.operator.nodeagent upload --from DIR --configmap NAME -- CMD...
 
 `restore` (calibration init container, no API token): copies the artifacts the node's
 ConfigMap holds (mounted read-only by the kubelet at STORED) into the writable DIR, so that
@@ -80,7 +80,7 @@ def upload(directory: Path, configmap: str, namespace: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m horizonserve.operator.nodeagent")
+    parser = argparse.ArgumentParser(prog="python3 -m horizonserve.operator.nodeagent")
     sub = parser.add_subparsers(dest="step", required=True)
     r = sub.add_parser("restore", help="copy stored artifacts into the artifact directory")
     r.add_argument("--from", dest="source", type=Path, required=True)

@@ -151,7 +151,7 @@ def test_serving_pod_shape() -> None:
     assert serving["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert serving["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": 1}
     assert "nvidia.com/gpu" not in sidecar["resources"].get("limits", {})
-    assert sidecar["command"][:4] == ["python", "-m", "horizonserve.operator.nodeagent", "upload"]
+    assert sidecar["command"][:4] == ["python3", "-m", "horizonserve.operator.nodeagent", "upload"]
     assert sidecar["command"][-5:] == ["--", "horizonserve", "sidecar", "--host", "0.0.0.0"]
     assert sidecar["image"] == serving["image"] == "registry.example/horizonserve:test"
     # Explicit bind host and port (the contract with the serving side).
