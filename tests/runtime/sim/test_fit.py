@@ -40,7 +40,7 @@ def _synthetic_campaign(truth: dict[str, float]) -> tuple[Campaign, Replay]:
     targets = setup.targets()
     wl = load_workload(PIPE)
     points = {}
-    for pid, rate in (("a", 9.0), ("b", 11.0)):
+    for pid, rate in (("a", 10.0),):
         mix = mix_weights(wl, setup.long_classes, None)
         n = len(generate(wl, mix, rate=rate, duration_s=24.0, seed=3))
         points[pid] = CampaignPoint(pid, rate, None, 3, 24.0, n)
