@@ -237,3 +237,38 @@ def test_random_talker_load_with_aborts_loses_nothing(stage, clock, seed):
             assert finished.get(rid, 0) <= 1
         else:
             assert (finished.get(rid), got.get(rid)) == (1, n), rid
+
+
+def test_downstream_slack_reaches_the_shared_stage_split(stage, build, clock):
+    """The talker publishes the smallest slack ratio of a first output pending there (its
+    slot of the control record); the shared stage's slack split reads it: a more urgent
+    downstream side gets the SMs (S_min for the shared stage, the reservation), a more urgent
+    shared side keeps Eq. (1)'s cap."""
+    from horizonserve.runtime.engine.vllm_omni import shared
+
+    talker, config = stage("talker", max_num_seqs=1)
+    arrive(talker, config, clock, [("A", 0.0)], max_tokens=50)
+    run_step(talker)  # A runs (first token out)
+    arrive(talker, config, clock, [("U", 8.95)], max_tokens=1)  # 0.05 s left, r̂ 0.153 s
+    run_step(talker)
+    record = shared.control_record()
+    assert record.downstream_min_slack(clock.now_ns, 2_000_000_000) == pytest.approx(
+        0.05 / 0.153, rel=1e-3
+    )
+    thinker, _ = build(max_num_seqs=8)
+    run_step(thinker)  # nothing pending on the shared side: the downstream side is first
+    assert thinker.horizon.last_decision.sm.level == 0
+    assert record.read_decision().shared_sms == config.ladder.levels[0]
+    thinker.add_request(stamped(config, "S0", 8, 0, clock.now_ns - 95_000_000))  # protected
+    run_step(thinker)
+    assert thinker.horizon.last_decision.sm.level == 3  # Eq. (1) at unknown pressure: S_cap
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "horizon-no-downstream"])
+def test_without_downstream_control_no_slack_is_published(stage, clock, policy):
+    from horizonserve.runtime.engine.vllm_omni import shared
+
+    talker, config = stage("talker", policy=policy, max_num_seqs=1)
+    arrive(talker, config, clock, [("A", 0.0), ("U", 8.95)], max_tokens=2)
+    run_step(talker)
+    assert shared.control_record().downstream_min_slack(clock.now_ns, 2_000_000_000) is None

@@ -9,7 +9,10 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      so in O(1) per change; a cheap length check triggers a full audit only when the queues
      changed behind the hooks' back;
   2. `policy.step(now, downstream_active=<control record>, pressure_sample=<NVML>,
-     backlog=<no free slot while requests wait>)` gives the queue view and the SM split;
+     backlog=<no free slot while requests wait>, running=<running requests whose first
+     response is pending here>, downstream_slack=<the downstream slots' smallest slack>)`
+     gives the queue view and the SM split (the last two only while downstream stages are
+     active and the policy's slack split reads them);
      `backlog` is vLLM's own admission limit: `running` plus paused streaming sessions fill
      `max_num_running_reqs` while `waiting` / `skipped_waiting` hold requests other than
      those sessions (they wait for input, not for a place). The shared stage is then the
@@ -50,7 +53,8 @@ Downstream stages (talker, code2wav; the diffusion stage has no vLLM scheduler, 
 `worker.py`) get thin subclasses that publish how many requests they run into their slot of
 the control record, remember each request's carried stamp (class, original deadline,
 downstream estimate) and admit from `waiting` in the order of the policy's downstream queue
-(`admission.py`: slack order under HorizonServe, vLLM's own order for the baselines).
+(`admission.py`: slack order under HorizonServe, vLLM's own order for the baselines); with
+slack order they also publish the smallest slack ratio of a first output pending there.
 
 `ar_scheduler` / `generation_scheduler` are what the re-registered pipelines name as
 `scheduler_cls`: vLLM's EngineCore calls them like a class.
@@ -337,11 +341,19 @@ class SharedStageController:
             record.downstream_active_total(now_ns, self.max_age_ns) if record is not None else 0
         )
         sample = self.pressure() if self.pressure is not None else None
-        decision = self.policy.step(
+        policy = self.policy
+        running: list[RequestSignals] = []
+        down_slack = None
+        if active and policy.slack_split and record is not None:  # the split reads both sides
+            running = _first_pending(sched.running)
+            down_slack = record.downstream_min_slack(now_ns, self.max_age_ns)
+        decision = policy.step(
             now_ns * 1e-9,
             downstream_active=active > 0,
             pressure_sample=sample,
             backlog=backlogged(sched, queued),
+            running=running,
+            downstream_slack=down_slack,
         )
         self._step_ns, self._sample = now_ns, sample
         self.steps += 1
@@ -608,6 +620,26 @@ class SharedStageController:
             self._leave(request, sig)
 
 
+def _first_pending(running: list) -> list[RequestSignals]:
+    """Signals of the running requests whose first response is still pending at this stage:
+    short-path ones without output yet, long-path ones before the hand-off (progress synced)."""
+    out = []
+    for request in running:
+        sig = request.__dict__.get(SIG_ATTR)
+        if sig is None:
+            continue
+        if not sig.long_path:
+            if not request.num_output_tokens:
+                out.append(sig)
+            continue
+        done = request.num_output_tokens - sig.decoded_tokens
+        if done > 0:
+            sig.record_progress(prefilled=True, decoded=done)
+        if sig.decoded_tokens < sig.costs.decode_tokens:
+            out.append(sig)
+    return out
+
+
 def _next_free_s(running: list) -> float:
     """When the running request nearest completion frees its place by itself: its tokens left
     (`max_tokens`; vLLM cannot know an earlier EOS) × its class's decode step time."""
@@ -789,11 +821,34 @@ class DownstreamStage:
         if self.admission is not None:
             self.admission.on_leave(request)
 
-    def publish(self, active: int) -> None:
-        """Requests this stage is running; refreshed every step (it is also the heartbeat)."""
+    def publish(self, active: int, running: list | None = None) -> None:
+        """Requests this stage is running and the smallest slack ratio of a first output still
+        pending here (the shared stage's slack split reads it); refreshed every step (it is
+        also the heartbeat)."""
         if self.writer is not None:
-            self.writer.set_active(active, self.clock_ns())
+            now_ns = self.clock_ns()
+            slack = self.min_slack(now_ns * 1e-9, running or ())
+            self.writer.set_active(active, now_ns, math.nan if slack is None else slack)
         self._last_active = active
+
+    def min_slack(self, now: float, running: Iterable[Any]) -> float | None:
+        """Smallest slack ratio among this stage's requests whose first output is pending: the
+        admission queue's next one, and running ones that have produced nothing yet (their
+        remaining time: the stage's estimate from the stamp). None: none pending, or no order
+        kept (the baselines: nothing reads it there)."""
+        admission = self.admission
+        if admission is None or not admission.slack_order:
+            return None
+        best = admission.queue.peek_slack(now)
+        for request in running:
+            stamp = request.__dict__.get(STAMP_ATTR)
+            if stamp is None or request.num_output_tokens:
+                continue
+            core = stamp.as_core()
+            u = core.slack_ratio(now, admission.first_output_s(core))
+            if best is None or u < best:
+                best = u
+        return best
 
 
 class DownstreamHooks:
@@ -840,7 +895,7 @@ class DownstreamHooks:
         if admission is not None:
             admission.after_schedule(self, out)
         if down is not None:
-            down.publish(len(self.running))  # type: ignore[attr-defined]
+            down.publish(len(self.running), self.running)  # type: ignore[attr-defined]
         return out
 
     @property
@@ -851,7 +906,7 @@ class DownstreamHooks:
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         if self._hs_down is not None:
-            self._hs_down.publish(len(self.running))  # type: ignore[attr-defined]
+            self._hs_down.publish(len(self.running), self.running)  # type: ignore[attr-defined]
         return out
 
 
