@@ -319,6 +319,22 @@ class ControlParams(_Model):
         return self
 
 
+# The controller before a knob existed: a run recorded without it is replayed with these
+# values (downstream FIFO, no preemption, Eq. (1)'s ladder alone), never with today's defaults.
+CONTROL_BEFORE_KNOB: dict[str, object] = {
+    "downstream_admission": False,
+    "shared_preemption": False,
+    "slack_split": False,
+    "throttling_pays": True,
+    "reservation_pays": True,
+}
+
+
+def control_as_recorded(recorded: dict[str, object]) -> ControlParams:
+    """The control knobs a run used, from what its plan recorded (see CONTROL_BEFORE_KNOB)."""
+    return ControlParams.model_validate({**CONTROL_BEFORE_KNOB, **recorded})
+
+
 class PolicyName(StrEnum):
     HORIZON = "horizon"
     FCFS = "fcfs"

@@ -158,14 +158,15 @@ class SchedulingPolicy:
 
     def _shared_slack(self, now: float, running: Iterable[RequestSignals]) -> float | None:
         """The shared side's smallest slack ratio: −inf while a protected request waits."""
-        if self.temporal.protected_waiting:
-            return -math.inf
+        temporal = self.temporal
+        if temporal.protected_waiting or temporal.ordinary_short_waiting:
+            return -math.inf  # short-path prompts queue: the shared stage needs its SMs
         best: float | None = None
         for sig in running:
             u = sig.slack_ratio(now)
             if best is None or u < best:
                 best = u
-        waiting = self.temporal.earliest_waiting_slack(now)
+        waiting = temporal.earliest_waiting_slack(now)
         if waiting is not None and (best is None or waiting < best):
             best = waiting
         return best
@@ -189,14 +190,15 @@ class SchedulingPolicy:
         `next_free_s`: the engine's estimate of when a running request frees its place by
         itself. A preemption costs the victim's recompute, so it is taken only when the most
         pressed protected request cannot wait that long and still meet its deadline, and only
-        while nothing but protected requests waits (under a general backlog the recompute
-        only deepens it).
+        while no unprotected short-path request waits as well (then the shared stage is
+        backlogged as a whole, and the recompute only deepens the backlog; long-path requests
+        waiting behind a full set of long decodes do not count).
         """
         temporal = self.temporal
         if not self.preemption or not temporal.protected_short_waiting:
             return None
-        if temporal.ordinary_waiting:
-            return None  # a backlog, not a blocked urgent request: recompute would deepen it
+        if temporal.ordinary_short_waiting:
+            return None  # short-path work queues behind it too: a backlog, not a blocked slot
         can_wait = self.temporal.tightest_protected_short(now)
         if can_wait is None or can_wait >= next_free_s:
             return None

@@ -461,9 +461,9 @@ class TemporalScheduler:
         return best
 
     @property
-    def ordinary_waiting(self) -> int:
-        """Prefills waiting without protection, either path (as of the last `plan`)."""
-        return self._short_waiting - self._short_protected + len(self._long_ordinary)
+    def ordinary_short_waiting(self) -> int:
+        """Short-path prefills waiting without protection (as of the last `plan`)."""
+        return self._short_waiting - self._short_protected
 
     @property
     def protected_waiting(self) -> int:

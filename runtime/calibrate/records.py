@@ -77,6 +77,7 @@ class Campaign:
     items: dict[str, MeasuredItem]  # key "point/system"
     warmup_s: float = 0.0
     superseded: list[str] = field(default_factory=list)
+    control: dict[str, Any] = field(default_factory=dict)  # the plan's recorded control knobs
 
 
 def _share(records: list[dict[str, Any]], path: str | None) -> float | None:
@@ -153,4 +154,5 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
         items=items,
         warmup_s=warmup_s,
         superseded=superseded,
+        control=dict(plan["serving_config"].get("control", {})),
     )

@@ -20,7 +20,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path as FsPath
 from typing import Any
@@ -34,7 +34,7 @@ from horizonserve.runtime.calibrate.artifact import (
     load_artifact,
 )
 from horizonserve.runtime.calibrate.records import Campaign, read_campaign
-from horizonserve.runtime.config import Path, load_pipeline
+from horizonserve.runtime.config import Path, control_as_recorded, load_pipeline
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
@@ -174,6 +174,8 @@ class Replay:
             update={"pipelines": {**self.artifact.pipelines, c.pipeline: cal}}
         )
         setup = SimSetup.load(c.pipeline, art, deploy_profile=self.deploy_profile)
+        # The controller the campaign ran, not today's defaults.
+        setup = replace(setup, control=control_as_recorded(c.control))
         p95 = {k: v / c.multiplier for k, v in c.targets_s.items()}
         return setup.with_solo_p95(p95, f"campaign {c.path} SLO table", c.multiplier)
 
