@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build HorizonServe's container images without a Docker engine:
 #
-#   1. base      a Debian bookworm root filesystem made by mmdebstrap from Debian packages
+#   1. base      a Debian bookworm root filesystem (a tarball) made by mmdebstrap from Debian packages
 #                (python3 3.11, venv, ca-certificates, passwd), imported as
 #                localhost/horizonserve-base:bookworm-<key>; cached as a tarball, so a warm
 #                run only checks that the image is there;
@@ -70,7 +70,7 @@ if buildah inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
 else
     if [[ ! -s "$BASE_TAR" ]]; then
         log "mmdebstrap $SUITE (${BASE_PACKAGES[*]}) -> $BASE_TAR"
-        mmdebstrap --quiet --variant=minbase --include="$(IFS=,; echo "${BASE_PACKAGES[*]}")" \
+        mmdebstrap --quiet --format=tar --variant=minbase --include="$(IFS=,; echo "${BASE_PACKAGES[*]}")" \
             --aptopt='Acquire::Retries "3"' --dpkgopt='path-exclude=/usr/share/doc/*' \
             --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
             "$SUITE" "$BASE_TAR.part" "$MIRROR"
