@@ -94,10 +94,14 @@ if [[ -n "$HOST_CA" && -f "$HOST_CA" ]]; then
         --build-arg PIP_CERT=/etc/horizonserve-build-ca.crt)
 fi
 
+# What the images are built from; tests/images refuses images of older sources.
+SOURCE="$(python3 "$ROOT/images/source_hash.py")"
+
 bud() {  # bud TAG DOCKERFILE [buildah args...]
     local tag="$1" file="$2"
     shift 2
     buildah bud --quiet --layers --isolation chroot --network host --pull=never \
+        --label "org.horizonserve.source=$SOURCE" \
         "${CA_ARGS[@]}" -f "$file" -t "$tag" "$@" "$ROOT"
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import runpy
 import shutil
 import subprocess
 import tomllib
@@ -19,12 +20,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+_hash = runpy.run_path(str(ROOT / "images" / "source_hash.py"))
+LABEL: str = _hash["LABEL"]
+source_hash = _hash["source_hash"]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 OPERATOR_IMAGE = f"localhost/horizonserve-operator:{VERSION}"
 SERVING_IMAGE = f"localhost/horizonserve-serving-reference:{VERSION}"
 SKIP_REASON = (
     "container images not built: run `bash images/build.sh` (root; installs mmdebstrap, "
     "buildah, podman and runc)"
+)
+STALE_REASON = (
+    "container images built from older sources: run `bash images/build.sh` again (warm: about 30 s)"
 )
 # How this sandbox lets podman run a container: runc (crun refuses the host's hybrid cgroups)
 # and limits no higher than the host's (no CAP_SYS_RESOURCE to raise them).
@@ -34,21 +41,30 @@ PODMAN_RUN = (
 )  # fmt: skip
 
 
-def _have(image: str) -> bool:
+def _built_from(image: str) -> str | None:
+    """The source hash the image was built from ('' unlabelled), None when it is missing."""
     if shutil.which("podman") is None:
-        return False
+        return None
     done = subprocess.run(
-        ["podman", "image", "exists", image], capture_output=True, timeout=60, check=False
+        ["podman", "image", "inspect", "--format", f'{{{{index .Labels "{LABEL}"}}}}', image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    return done.returncode == 0
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def require_image(image: str) -> str:
-    if _have(image):
+    """The image, built from the tree's current sources; else skip with one reason (fail when
+    HORIZONSERVE_REQUIRE_IMAGES=1)."""
+    built = _built_from(image)
+    if built == source_hash():
         return image
+    why = SKIP_REASON if built is None else STALE_REASON
     if os.environ.get("HORIZONSERVE_REQUIRE_IMAGES") == "1":
-        pytest.fail(f"{image} missing although HORIZONSERVE_REQUIRE_IMAGES=1; {SKIP_REASON}")
-    pytest.skip(SKIP_REASON)
+        pytest.fail(f"{image}: {why} (HORIZONSERVE_REQUIRE_IMAGES=1)")
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

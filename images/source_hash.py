@@ -1,0 +1,38 @@
+"""The hash of what the images are built from (pyproject.toml, runtime/, operator/ and images/,
+as in the working tree: tracked and untracked-but-not-ignored files).
+
+images/build.sh stores it as the label `org.horizonserve.source` of each image it builds;
+tests/images compares it with the tree's, so an image built from older sources is not tested
+as if it were current.
+
+    python3 images/source_hash.py        # prints the hash
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LABEL = "org.horizonserve.source"
+INPUTS = ("pyproject.toml", "runtime", "operator", "images")
+
+
+def source_hash(root: Path = ROOT) -> str:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *INPUTS],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    h = hashlib.sha256()
+    for rel in sorted({r.decode() for r in listed if r}):
+        path = root / rel
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+if __name__ == "__main__":
+    print(source_hash())
