@@ -19,8 +19,12 @@ def test_overhead_json_has_all_figures(capsys) -> None:  # type: ignore[no-untyp
             "walk-worst",
             "view-split",
             "sm-cap",
+            "split",
+            "downstream",
         }
         assert all(v > 0 for v in row.values())
-        total = row["annotation"] + row["view"] + row["sm-cap"]
+        # The whole control step: annotation, view, SM cap, slack split, downstream admission.
+        parts = ("annotation", "view", "sm-cap", "split", "downstream")
+        total = sum(row[k] for k in parts)
         assert abs(row["per-step-total"] - total) < 1e-9
     assert out["paper_table4_us"]["view"] == 1.0
