@@ -184,25 +184,29 @@ class SchedulingPolicy:
         handed_off: Callable[[T], bool],
         next_free_s: float = 0.0,
     ) -> T | None:
-        """With the running set full: the running request to preempt for a waiting protected
-        short-path request (as of the last `step`), or None (see `preemption`).
+        """With the running set full: the running request to preempt for a waiting short-path
+        prompt (as of the last `step`), or None (see `preemption`).
 
         `next_free_s`: the engine's estimate of when a running request frees its place by
-        itself. A preemption costs the victim's recompute, so it is taken only when the most
-        pressed protected request cannot wait that long and still meet its deadline, and only
-        while no unprotected short-path request waits as well (then the shared stage is
-        backlogged as a whole, and the recompute only deepens the backlog; long-path requests
-        waiting behind a full set of long decodes do not count).
+        itself. A preemption costs the victim's recompute, so it is taken only for a short-path
+        prompt that needs a place sooner (`TemporalScheduler.short_needs_place`): a protected
+        one, or one that can still meet its deadline but not after that wait; never for one
+        already late; and only when the victim's recompute costs less than the wait saved.
         """
         temporal = self.temporal
-        if not self.preemption or not temporal.protected_short_waiting:
+        if not self.preemption or not temporal.short_waiting:
             return None
-        if temporal.ordinary_short_waiting:
-            return None  # short-path work queues behind it too: a backlog, not a blocked slot
-        can_wait = self.temporal.tightest_protected_short(now)
-        if can_wait is None or can_wait >= next_free_s:
+        sooner = temporal.short_needs_place(now, next_free_s)
+        if sooner is None:
             return None
-        return choose_victim(running, now, signals, handed_off)
+        victim = choose_victim(running, now, signals, handed_off)
+        if victim is None:
+            return None
+        # The victim's recompute (its prompt and decoded tokens, prefilled again) must cost the
+        # shared stage less than the wait it saves, or the preemption only adds work.
+        sig = signals(victim)
+        recompute = sig.prefill_s + sig.decoded_tokens * sig.costs.prefill_s_per_token
+        return victim if recompute < sooner else None
 
     @staticmethod
     def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:

@@ -121,6 +121,10 @@ class RequestSignals:
         """u = (d − t) / r̂; u < 1 means the request is already expected to miss."""
         return (self.deadline - now) / self.remaining_s()
 
+    def can_wait_s(self, now: float) -> float:
+        """How long it may still wait and meet its deadline: d − now − r̂ (< 0: it cannot)."""
+        return self.deadline - now - self.remaining_s()
+
     def is_protected(self, now: float) -> bool:
         return now > self.protect_at
 

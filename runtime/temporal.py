@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -207,6 +208,7 @@ class TemporalScheduler:
         "_long_waiting",
         "_n",
         "_rotation",
+        "_short_fifo",
         "_short_protected",
         "_short_waiting",
         "_shown",
@@ -248,6 +250,8 @@ class TemporalScheduler:
         self._shown: list[RequestSignals] = []
         self._shown_entries: list[int] = []
         self._short_waiting = 0  # short-path prefills waiting
+        # (ticket, sig) of short-path prefills in entry order; stale heads dropped lazily.
+        self._short_fifo: deque[tuple[int, RequestSignals]] = deque()
         self._short_protected = 0  # … of which protected
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
@@ -272,6 +276,7 @@ class TemporalScheduler:
                 insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
         else:
             self._short_waiting += 1
+            self._short_fifo.append((entry, sig))
             if sig.protected:
                 self._short_protected += 1
         if sig.protected:
@@ -448,22 +453,32 @@ class TemporalScheduler:
             return sig.slack_ratio(now)
         return None
 
-    def tightest_protected_short(self, now: float) -> float | None:
-        """Time a protected short-path prefill can still wait and meet its deadline (the
-        smallest over them: d − now − r̂), or None when none waits. O(protected + continuations)."""
-        best: float | None = None
-        for sig in self._shown:
-            if sig.long_path or sig.prefilled or not sig.protected:
-                continue
-            left = sig.deadline - now - sig.remaining_s()
-            if best is None or left < best:
-                best = left
-        return best
+    def short_needs_place(self, now: float, next_free_s: float) -> float | None:
+        """How much sooner than `next_free_s` (when a running request frees its place by
+        itself) a waiting short-path prefill needs one, or None when none does: a protected
+        one needs it now; otherwise the earliest-entered one, if it can still meet its
+        deadline but not after that wait (0 ≤ d − now − r̂ < next_free_s). O(protected)
+        when one is protected, else O(1) amortised."""
+        if self._short_protected:
+            waits = [s.can_wait_s(now) for s in self._shown if not s.long_path and not s.prefilled]
+            return next_free_s - max(0.0, min(waits, default=0.0))
+        fifo, entry = self._short_fifo, self._entry
+        while fifo:
+            ticket, sig = fifo[0]
+            if sig.waiting and not sig.prefilled and entry.get(sig) == ticket:
+                left = sig.can_wait_s(now)
+                return next_free_s - left if 0.0 <= left < next_free_s else None
+            fifo.popleft()
+        return None
 
     @property
     def ordinary_short_waiting(self) -> int:
         """Short-path prefills waiting without protection (as of the last `plan`)."""
         return self._short_waiting - self._short_protected
+
+    @property
+    def short_waiting(self) -> int:
+        return self._short_waiting
 
     @property
     def protected_waiting(self) -> int:

@@ -172,7 +172,10 @@ def test_preemption_picks_the_most_slack_long_decode_never_short_or_protected(ro
     assert slack(victim) == max(slack(x) for x in candidates)
 
 
-def test_preemption_waits_for_a_blocked_urgent_short_request_only() -> None:
+def test_preemption_serves_only_a_short_request_that_needs_a_place_in_time() -> None:
+    """A short-path prompt preempts only if it can still meet its deadline but not after
+    waiting for the next place to free by itself (or it is protected); never when late, and
+    only when the victim's recompute costs less than the wait it saves."""
     policy = make_policy("horizon", make_config())
     long_sig = policy.profiler.annotate("long", 0.0, priority=10)
     long_sig.record_progress(prefilled=True)
@@ -184,11 +187,22 @@ def test_preemption_waits_for_a_blocked_urgent_short_request_only() -> None:
 
     assert ask(0.0, 10.0) is None  # nothing waits
     text = policy.admit("text", 0.0, priority=0)
-    protected_at = text.protect_at + 1e-3
-    assert ask(protected_at, 10.0) is long_sig  # protected, and no place frees in time
-    assert ask(protected_at, 0.0) is None  # a place frees soon enough: no recompute paid
-    policy.admit("text2", protected_at, priority=0)  # an ordinary request waits too: backlog
-    assert ask(protected_at + 1e-4, 10.0) is None
+    room = text.can_wait_s(0.001)
+    assert room > 0
+    assert ask(0.001, 10.0) is long_sig  # no place frees before its wait runs out
+    assert ask(0.001, room / 2) is None  # a place frees in time: no recompute paid
+    assert ask(text.protect_at + 1e-4, 10.0) is long_sig  # protected: needs a place now
+    assert ask(text.protect_at + 2e-4, 0.0) is None  # … unless one frees now anyway
+    assert ask(text.deadline + 1.0, 10.0) is None  # late: past saving, nothing preempted
+    # A victim whose recompute (prompt + decoded tokens) costs more than the wait saved: kept.
+    policy = make_policy("horizon", make_config())
+    long_sig = policy.profiler.annotate("long", 0.0, priority=10)
+    long_sig.record_progress(prefilled=True)
+    running = [long_sig]
+    policy.admit("text", 0.0, priority=0)
+    assert ask(0.001, 10.0) is long_sig
+    long_sig.record_progress(decoded=10**6)
+    assert ask(0.002, 10.0) is None
     for name in ("fcfs", "priority", "horizon-no-preemption"):
         assert make_policy(name, make_config()).preemption is False
 

@@ -212,6 +212,7 @@ class SharedStageController:
         self.last_visible: list[str] = []
         self.preemptions = 0  # running decodes preempted for protected short-path prefills
         self.last_victims: list[str] = []
+        self._urgent: list = []  # the short-path prefills the last preemption served
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
     def _enter(self, request: Any, sig: RequestSignals) -> None:
@@ -481,7 +482,7 @@ class SharedStageController:
         `visible` count: the walk skips them instead of counting them.
         """
         hidden = set(victims)
-        urgent = set(self._protected_shorts())
+        urgent = set(self._urgent)
         skip = hidden | urgent
         rest_w = [r for r in w if r not in skip]
         rest_s = [r for r in s if r not in skip]
@@ -503,7 +504,11 @@ class SharedStageController:
         policy = self.policy
         if not policy.preemption:
             return []
-        n_urgent = policy.temporal.protected_short_waiting
+        if not policy.temporal.short_waiting:
+            return []
+        next_free = _next_free_s(sched.running)
+        urgent = self._urgent = self._urgent_shorts(next_free)
+        n_urgent = len(urgent)
         if not n_urgent:
             return []
         free = free_slots(sched)
@@ -515,11 +520,11 @@ class SharedStageController:
             short_of_places = n_urgent > free + len(victims)
             if not short_of_places:  # places enough: do their first chunks fit in the KV?
                 if need_blocks is None:
-                    need_blocks = _first_chunk_blocks(sched, self._protected_shorts())
+                    need_blocks = _first_chunk_blocks(sched, urgent)
                 if pool.get_num_free_blocks() >= need_blocks:
                     break
             victim = policy.preemption_victim(
-                self._decodes(sched), now, _SIG, self._handed_off, _next_free_s(sched.running)
+                self._decodes(sched), now, _SIG, self._handed_off, next_free
             )
             if victim is None:
                 break
@@ -531,9 +536,17 @@ class SharedStageController:
             self.last_victims = [v.request_id for v in victims]
         return victims
 
-    def _protected_shorts(self) -> list:
-        """Waiting short-path prefills protected as of this step's plan (queue entry order)."""
-        return [r for r in self._short_prefills.values() if r.__dict__[SIG_ATTR].protected]
+    def _urgent_shorts(self, next_free_s: float) -> list:
+        """Waiting short-path prefills that need a place sooner than one frees (queue entry
+        order): protected ones, and those that can still meet their deadline but not after
+        `next_free_s` (the rule of `TemporalScheduler.short_needs_place`, per request)."""
+        now = self._step_ns * 1e-9
+        out = []
+        for r in self._short_prefills.values():
+            sig = r.__dict__[SIG_ATTR]
+            if sig.protected or 0.0 <= sig.can_wait_s(now) < next_free_s:
+                out.append(r)
+        return out
 
     @staticmethod
     def _decodes(sched: Any) -> list:
