@@ -84,6 +84,8 @@ class FluidStage:
         "playing",
         "queue",
         "rate",
+        "reject_late",
+        "rejected",
         "schedule",
         "steps_per_audio_s",
         "t_last",
@@ -100,6 +102,7 @@ class FluidStage:
         schedule: Callable[[float, int, int], None],
         queue: AdmissionQueue | None = None,
         admit_limit: int | None = None,
+        reject_late: bool = False,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -113,6 +116,8 @@ class FluidStage:
         self.queue: AdmissionQueue[Job] = FifoQueue() if queue is None else queue
         self.tails: deque[Job] = deque()  # started streams' remaining work: admitted first
         self.late = 0  # head jobs admitted after they could no longer meet their deadline
+        self.reject_late = reject_late  # refuse those instead (they never respond)
+        self.rejected = 0
         self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
         self.playing: list[Job] = []  # jobs in service whose first chunk is out
         self.awaiting: list[Job] = []  # head jobs in service before their first output here
@@ -178,6 +183,9 @@ class FluidStage:
             popped = queue.pop(now)
             assert popped is not None
             job, late = popped
+            if late and self.reject_late:
+                self.rejected += 1  # refused with a reason: never answered, counted
+                continue
             if late:
                 self.late += 1
             self._start(job, now)

@@ -143,7 +143,14 @@ class Simulator:
                 return cost.step_s(b, down, True, ladder.s_cap, Sharing.PARTITION)
 
             limit = realtime_streams(step_s, 1.0 / cal.work_per_audio_second, cal.max_batch)
-        return FluidStage(i, cost, self._schedule_down, self.policy.downstream_queue(), limit)
+        return FluidStage(
+            i,
+            cost,
+            self._schedule_down,
+            self.policy.downstream_queue(),
+            limit,
+            reject_late=self.policy.reject_late and i == 0,  # refused at the hand-off
+        )
 
     # -- requests ------------------------------------------------------------------------------
     def _make_request(self, i: int) -> tuple[SimRequest, InputFeatures]:
@@ -517,6 +524,7 @@ class Simulator:
         for s in self.stages:
             stats[f"{s.cost.cal.name}_busy_frac"] = s.busy_time / sim_s
         stats["downstream_late"] = float(sum(s.late for s in self.stages))
+        stats["downstream_rejected"] = float(sum(s.rejected for s in self.stages))
         stats["underruns"] = float(sum(s.underruns for s in self.stages))
         stats["preemptions"] = float(self.shared.preemptions)
         return SimResult(

@@ -9,24 +9,62 @@ load) has no deadline and goes behind every stamped one.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.downstream import AdmissionQueue, Stamp, make_queue
+from horizonserve.runtime.engine.reference.protocol import ERROR, Event
 from horizonserve.runtime.policy import make_policy
 
 T = TypeVar("T")
 _NO_DEADLINE = Stamp("", "", 0, 0.0, math.inf, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class DownstreamRules:
+    """What a policy asks of a downstream stage."""
+
+    slack: bool = False  # admit by slack (else first come, first served)
+    yield_margin_s: float | None = None  # started streams above this credit yield (None: never)
+    reject_late: bool = False  # refuse a request that can no longer meet its deadline
+
+
 def downstream_rules(
     config: ServingConfig, policy: PolicyName | str | None = None
-) -> tuple[bool, float | None]:
-    """Under `policy` (default: the config's): whether downstream stages admit by slack, and
-    the playback margin above which a started stream yields its step (None: never)."""
+) -> DownstreamRules:
+    """The downstream rules under `policy` (default: the config's)."""
     p = make_policy(policy or config.policy, config)
-    return p.downstream_control, p.playback_margin_s
+    return DownstreamRules(p.downstream_control, p.playback_margin_s, p.reject_late)
+
+
+LATE_REASON = (
+    "deadline: this request can no longer meet its first-response SLO at the {stage} stage "
+    "(the queue ahead of it is too long); retry later"
+)
+
+
+def refuse_late(
+    queue: StageQueue[T], rules: DownstreamRules, stage: str, rid: Callable[[T], str], emit: Any
+) -> int:
+    """Under `reject_late`: drop the queued jobs that can no longer meet their deadline, each
+    answered with an ERROR event whose message the client gets; returns how many."""
+    if not rules.reject_late or not queue:
+        return 0
+    gone = queue.expired()
+    for job in gone:
+        emit(
+            Event(
+                ERROR,
+                stage,
+                time.monotonic(),
+                rid(job),
+                {"message": LATE_REASON.format(stage=stage)},
+            )
+        )
+    return len(gone)
 
 
 class StageQueue(Generic[T]):
@@ -79,6 +117,19 @@ class StageQueue(Generic[T]):
                 self.late += now > stamp.deadline - stamp.downstream_s
             else:
                 self._q.push(entry, stamp, stamp.downstream_s)
+
+    def expired(self) -> list[T]:
+        """Remove and return the queued jobs that can no longer meet their deadline (for a
+        policy that refuses them: `reject_late`); the rest stay queued in order."""
+        now = self._clock()
+        gone: list[T] = []
+        for entry in self._drain():
+            item, stamp = entry
+            if now > stamp.deadline - stamp.downstream_s:
+                gone.append(item)
+            else:
+                self._q.push(entry, stamp, stamp.downstream_s)
+        return gone
 
     def peek_slack(self) -> float | None:
         """Slack ratio of the job `popleft` would return now (None: empty or no stamp)."""

@@ -35,6 +35,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     SetPolicy,
 )
 from horizonserve.runtime.engine.reference.stages.admission import (
+    DownstreamRules,
     StageQueue,
     downstream_rules,
 )
@@ -71,8 +72,8 @@ class DownstreamStage(Protocol):
         """Smallest slack ratio of a request whose first output is pending here (NaN: none)."""
         ...
 
-    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
-        """The policy's downstream rules (admission order, playback yielding)."""
+    def configure(self, rules: DownstreamRules) -> None:
+        """The policy's downstream rules (admission order, yielding, late refusal)."""
         ...
 
     # calibration: synthetic load, cancellation, last iteration's timing
@@ -183,7 +184,7 @@ class DownstreamLoop:
                     ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
                     self.events.put(ev)
                 elif isinstance(msg, SetPolicy):  # between runs: the admission rule follows
-                    stage.configure(*downstream_rules(self.config, msg.policy))
+                    stage.configure(downstream_rules(self.config, msg.policy))
                 elif isinstance(msg, Cancel):
                     cancelled.extend(msg.requests)
                     stage.cancel(msg.requests)

@@ -22,9 +22,11 @@ from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
 from horizonserve.runtime.engine.reference.stages.admission import (
+    DownstreamRules,
     StageQueue,
     downstream_rules,
     min_slack,
+    refuse_late,
 )
 
 STAGE = IMAGE
@@ -41,6 +43,10 @@ class ImageJob:
     stamp: Stamp | None = None  # the shared stage's deadline stamp (None: synthetic)
 
 
+def _rid(job: ImageJob) -> str:
+    return job.rid
+
+
 class ImageStage:
     def __init__(
         self,
@@ -50,7 +56,7 @@ class ImageStage:
         *,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
-        slack: bool = False,
+        rules: DownstreamRules | None = None,
     ) -> None:
         self.dit = dit
         self.decoder = decoder
@@ -58,7 +64,8 @@ class ImageStage:
         self.max_batch = preset.dit_max_batch
         p = next(dit.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.pending: StageQueue[ImageJob] = StageQueue(slack, clock)
+        self.rules = rules or DownstreamRules()
+        self.pending: StageQueue[ImageJob] = StageQueue(self.rules.slack, clock)
         self.active: list[ImageJob] = []
         self.emit = emit
         self._clock = clock
@@ -112,9 +119,10 @@ class ImageStage:
         job = ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival, stamp=msg.stamp)
         self.pending.append(job, msg.stamp)
 
-    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
-        """Admission order under the policy (no streams here: nothing yields)."""
-        self.pending.set_order(slack)
+    def configure(self, rules: DownstreamRules) -> None:
+        """The policy's rules (no streams here: nothing yields)."""
+        self.rules = rules
+        self.pending.set_order(rules.slack)
 
     def min_slack(self) -> float:
         """The image is the first output: every active job's denoising is pending."""
@@ -129,9 +137,12 @@ class ImageStage:
         self.last_timing = (time.monotonic() - t0, 0.0, n, 0)
 
     def _iterate(self) -> None:
+        refuse_late(self.pending, self.rules, STAGE, _rid, self.emit)
         while self.pending and len(self.active) < self.max_batch:
             self.active.append(self.pending.popleft())
         jobs = self.active
+        if not jobs:
+            return  # every queued request was refused as late
         x = torch.stack([j.x for j in jobs])
         t = torch.tensor([1.0 - j.done_steps / j.steps for j in jobs], device=self.device)
         dt = torch.tensor([1.0 / j.steps for j in jobs], device=self.device, dtype=self.dtype)
@@ -175,8 +186,8 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     width = 128 if preset.name == "full" else 16
     decoder = materialize(lambda: LatentDecoder(preset.dit.latent_channels, width), device, dtype)
     sink: list[Event] = []
-    slack, _ = downstream_rules(loop.config)
-    stage = ImageStage(dit, decoder, preset, emit=sink.append, slack=slack)
+    rules = downstream_rules(loop.config)
+    stage = ImageStage(dit, decoder, preset, emit=sink.append, rules=rules)
     if cfg.warmup:
         cond = WireTensor.of(torch.zeros(4, preset.thinker.hidden, dtype=dtype))
         for level in loop.warmup_levels():

@@ -31,9 +31,11 @@ from horizonserve.runtime.engine.reference.protocol import (
     Handoff,
 )
 from horizonserve.runtime.engine.reference.stages.admission import (
+    DownstreamRules,
     StageQueue,
     downstream_rules,
     min_slack,
+    refuse_late,
 )
 
 STAGE = SPEECH
@@ -51,6 +53,10 @@ class SpeechJob:
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # the stream's playback
 
 
+def _rid(seq: Sequence) -> str:
+    return seq.rid
+
+
 class SpeechStage:
     def __init__(
         self,
@@ -61,16 +67,15 @@ class SpeechStage:
         *,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
-        slack: bool = False,
-        yield_margin_s: float | None = None,
+        rules: DownstreamRules | None = None,
     ) -> None:
         self.talker = talker
         self.cond_proj = cond_proj
         self.code2wav = code2wav
         self.chunk = preset.code_chunk
         self.batcher = ContinuousBatcher(preset.talker_limits)
-        self.pending: StageQueue[Sequence] = StageQueue(slack, clock)
-        self.yield_margin_s = yield_margin_s  # None: started streams never yield
+        self.rules = rules or DownstreamRules()
+        self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock)
         self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
         self.yielded = 0  # decode steps started streams gave up to first chunks
         self.emit = emit
@@ -136,16 +141,16 @@ class SpeechStage:
         for seq in list(self.batcher.running):
             self.batcher.finish(seq)
 
-    def configure(self, slack: bool, yield_margin_s: float | None) -> None:
-        """The policy's rules: admission order and the playback margin for yielding."""
-        self.pending.set_order(slack)
-        self.yield_margin_s = yield_margin_s
+    def configure(self, rules: DownstreamRules) -> None:
+        """The policy's rules: admission order, playback yielding, late refusal."""
+        self.rules = rules
+        self.pending.set_order(rules.slack)
 
     def _yielding(self, plan: BatchPlan) -> list[Sequence]:
         """This step's decodes: while a request waits for its first chunk, started streams
         holding more playback credit than the margin sit the step out (their audio is ahead
         of the listener, so a skipped step cannot make them underrun)."""
-        margin = self.yield_margin_s
+        margin = self.rules.yield_margin_s
         decode = plan.decode
         if margin is None or not decode:
             return decode
@@ -170,6 +175,9 @@ class SpeechStage:
     @torch.inference_mode()
     def iterate(self) -> None:
         t0 = time.monotonic()
+        refuse_late(self.pending, self.rules, STAGE, _rid, self.emit)
+        if self.idle:
+            return  # every queued request was refused as late
         # Candidates in the policy's admission order; listed only when a slot is free.
         free = self.pending and self.batcher.slots.free
         plan = self.batcher.plan(list(self.pending) if free else ())
@@ -248,10 +256,8 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     )
     code2wav = materialize(lambda: Code2Wav(preset.code2wav), device, dtype)
     sink: list[Event] = []
-    slack, margin = downstream_rules(loop.config)
-    stage = SpeechStage(
-        talker, cond_proj, code2wav, preset, emit=sink.append, slack=slack, yield_margin_s=margin
-    )
+    rules = downstream_rules(loop.config)
+    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append, rules=rules)
     if cfg.warmup:
         h = preset.thinker.hidden
         loop.sm.activate(None)
