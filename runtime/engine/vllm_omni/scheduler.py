@@ -25,17 +25,17 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      queue order), vLLM's scheduler runs on them, and the originals are restored exactly:
      taken requests leave, requests the base scheduler put back (preempted, skipped) go to the
      front as it left them, every other request keeps its original position;
-  2b. shared-stage preemption (policies with `preemption`): when a protected short-path
-     prefill waits and the running set is full — no free place (`max_num_running_reqs`) or
-     too few free KV blocks for its first chunk — the policy may name a running long-path
-     decode to preempt (`policy.preemption_victim`: most slack, never short-path, protected,
-     still prefilling or preempted before; only when the protected request cannot wait for
-     the next place to free by itself, `_next_free_s`, and no ordinary prefill waits). It is
-     preempted through vLLM's own `_preempt_request` (KV blocks freed, back to the front of
-     `waiting` as a decode continuation, reported to the model runner in
-     `preempted_req_ids`), once per place the protected prefills need. In that step the view
-     hides the victims and shows the protected short-path prefills first, so the freed places
-     go to them and not straight back to the victims;
+  2b. shared-stage preemption (policies with `preemption`): when a short-path prefill needs
+     a place sooner than one frees by itself (protected, or able to meet its deadline only
+     without that wait: `TemporalScheduler.short_needs_place`) and the running set is full —
+     no free place (`max_num_running_reqs`) or too few free KV blocks for its first chunk —
+     the policy may name a running long-path decode to preempt (`policy.preemption_victim`:
+     most slack, never short-path, protected, still prefilling or preempted before, and only
+     when its recompute costs less than the wait it saves). It is preempted through vLLM's
+     own `_preempt_request` (KV blocks freed, back to the front of `waiting` as a decode
+     continuation, reported to the model runner in `preempted_req_ids`), once per place those
+     prefills need. In that step the view hides the victims and shows those short-path
+     prefills first, so the freed places go to them and not straight back to the victims;
   4. requests the base scheduler took are `dequeue`d;
   5. the split is published in the control record, which the workers read before the forward.
      vLLM runs a step's prefills and decodes in one forward, so the shared count published is
