@@ -36,3 +36,24 @@ def test_late_requests_are_served_and_counted_unless_refused() -> None:
     # A baseline never refuses: the knob belongs to downstream control.
     _, fcfs = _run("mps", reject_late=True)
     assert fcfs.stats["downstream_rejected"] == 0
+
+
+def test_playback_underruns_appear_exactly_when_the_talker_falls_below_real_time() -> None:
+    """The fluid talker makes audio at its step rate; the listener plays in real time. On the
+    shipped model one talker step makes a code in ~3-6 ms against 20 ms of audio: no
+    underrun. Twenty times slower steps (1 code per ~60-120 ms) fall below real time."""
+    art = load_artifact(None)
+    pc = art.pipeline(PIPE)
+    talker = pc.downstream[0]
+    slow_curve = talker.step_s.model_copy(update={"values": [v * 20 for v in talker.step_s.values]})
+    slow = talker.model_copy(update={"step_s": slow_curve})
+    slow_art = art.model_copy(
+        update={"pipelines": {**art.pipelines, PIPE: pc.model_copy(
+            update={"downstream": [slow, *pc.downstream[1:]]})}}
+    )  # fmt: skip
+    wl = load_workload(PIPE)
+    for artifact, expect in ((art, False), (slow_art, True)):
+        setup = SimSetup.load(PIPE, artifact)
+        trace = generate(wl, mix_weights(wl, setup.long_classes, None), rate=2.0, duration_s=40.0)
+        r = simulate(setup, trace, "horizon", seed=0)
+        assert (r.stats["underruns"] > 0) is expect, r.stats["underruns"]
