@@ -209,6 +209,9 @@ def test_corrupt_header_is_repaired_while_every_class_keeps_serving(
         f.write(b"\xde\xad\xbe\xef")  # the magic
     t_fixed = _wait(lambda: served.healthz()["record_repairs"] > repairs, 5)
     time.sleep(1.0)
+    # Every class answered since the corruption (a spoken answer can take longer than 1 s
+    # on two loaded cores: wait for one, bounded).
+    _wait(lambda: {r.cls for r in load.between(t0, time.monotonic())} == set(CLASSES), 20)
     window = load.between(t0, time.monotonic())
     assert {r.status for r in window} == {200}
     assert {r.cls for r in window} == set(CLASSES)
