@@ -154,9 +154,7 @@ def test_preemption_picks_the_most_slack_long_decode_never_short_or_protected(ro
         items.append((sig, handed and long_path))
     victim = choose_victim(items, now, lambda x: x[0], lambda x: x[1])
     candidates = [
-        x
-        for x in items
-        if x[0].long_path and x[0].prefilled and (x[1] or now <= x[0].protect_at)
+        x for x in items if x[0].long_path and x[0].prefilled and (x[1] or now <= x[0].protect_at)
     ]
     if not candidates:
         assert victim is None
