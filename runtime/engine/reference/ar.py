@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from horizonserve.runtime.engine.deploy import graph_batch_sizes
 from horizonserve.runtime.engine.reference.batching import Sequence
 from horizonserve.runtime.engine.reference.models import DecoderLM
 from horizonserve.runtime.engine.reference.presets import StageLimits
@@ -44,13 +45,9 @@ PREFILL_STEP = 256
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """Row counts graphs are captured for: powers of two below max_batch, then max_batch."""
-    out, n = [], 1
-    while n < max_batch:
-        out.append(n)
-        n *= 2
-    out.append(max_batch)
-    return tuple(out)
+    """Row counts graphs are captured for: the deploy description's rule, the one the
+    simulator pads with (`engine.deploy.graph_batch_sizes`)."""
+    return graph_batch_sizes(max_batch)
 
 
 def ctx_buckets(max_len: int) -> tuple[int, ...]:

@@ -72,7 +72,9 @@ class SpeechStage:
         self.talker = talker
         self.cond_proj = cond_proj
         self.code2wav = code2wav
-        self.chunk = preset.code_chunk
+        self.chunk = preset.code_chunk  # codes per later waveform chunk
+        self.first = preset.first_chunk or preset.code_chunk  # codes in the first chunk
+        self.vocode_max = preset.code2wav_max_batch  # chunks vocoded per iteration (0: all)
         self.batcher = ContinuousBatcher(preset.talker_limits)
         self.rules = rules or DownstreamRules()
         self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock)
@@ -164,9 +166,9 @@ class SpeechStage:
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
         (share left = codes still to make for it / the chunk size)."""
-        chunk = self.chunk
+        first = self.first
         started = (
-            (seq.payload.handoff.stamp, (chunk - len(seq.payload.codes)) / chunk)
+            (seq.payload.handoff.stamp, max(0, first - len(seq.payload.codes)) / first)
             for seq in self.batcher.running
             if seq.payload.handoff is not None and seq.payload.chunks == 0
         )
@@ -192,10 +194,12 @@ class SpeechStage:
         for seq in plan.prefill + decode:
             job: SpeechJob = seq.payload
             job.codes.append(seq.last_token)
-            if len(job.codes) - job.emitted >= self.chunk or (
+            size = self.first if job.chunks == 0 else self.chunk
+            if len(job.codes) - job.emitted >= size or (
                 seq.done and job.emitted < seq.target
             ):
                 ready.append(seq)
+        ready = self._vocode_order(ready)
         emitted = [seq.payload.emitted for seq in ready]
         self._vocode(ready)
         t = self._clock()
@@ -215,12 +219,24 @@ class SpeechStage:
                 self.emit(Event(DONE, STAGE, t, seq.rid, data))
                 self.batcher.finish(seq)
 
+    def _vocode_order(self, ready: list[Sequence]) -> list[Sequence]:
+        """At most `code2wav_max_batch` chunks this iteration (the deploy's code2wav limit):
+        first chunks first, then the streams with the least playback credit; the rest keep
+        their codes for the next iteration."""
+        limit = self.vocode_max
+        if not limit or len(ready) <= limit:
+            return ready
+        now = self._clock()
+        ready.sort(key=lambda s: (s.payload.chunks > 0, s.payload.clock.credit(now)))
+        return ready[:limit]
+
     def _vocode(self, ready: list[Sequence]) -> None:
         """Turn each ready request's next chunk of codes into waveform (batched by length)."""
         by_len: dict[int, list[Sequence]] = {}
         for seq in ready:
             job: SpeechJob = seq.payload
-            n = min(self.chunk, len(job.codes) - job.emitted)
+            size = self.first if job.chunks == 0 else self.chunk
+            n = min(size, len(job.codes) - job.emitted)
             by_len.setdefault(n, []).append(seq)
         device = self.talker.device
         for n, group in by_len.items():
