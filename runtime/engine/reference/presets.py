@@ -111,6 +111,10 @@ class PipelinePreset:
     tokens_per_video_second: int = 128  # shared-stage prompt tokens per second of input video
     codes_per_audio_second: int = 50  # talker codec codes per second of spoken answer
 
+    def graphs_for(self, role: str) -> bool:
+        """Whether the deploy description runs `role` (thinker, talker) with CUDA graphs."""
+        return self.deploy is None or self.deploy.stage(role).cuda_graphs
+
 
 @dataclass(frozen=True, slots=True)
 class _Shape:

@@ -376,7 +376,12 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     config = ServingConfig.model_validate_json(cfg.serving_json)
     t_load = time.monotonic()
     model = materialize(lambda: DecoderLM(preset.thinker), device, dtype)
-    executor = ArExecutor(model, preset.thinker_limits, keep_hidden=True, graphs=cfg.graphs)
+    executor = ArExecutor(
+        model,
+        preset.thinker_limits,
+        keep_hidden=True,
+        graphs=cfg.graphs and preset.graphs_for("thinker"),
+    )
     policy = make_policy(config.policy, config)
     record = ControlRecord.open(cfg.record_path)
     writer = record.decision_writer()

@@ -195,9 +195,7 @@ class SpeechStage:
             job: SpeechJob = seq.payload
             job.codes.append(seq.last_token)
             size = self.first if job.chunks == 0 else self.chunk
-            if len(job.codes) - job.emitted >= size or (
-                seq.done and job.emitted < seq.target
-            ):
+            if len(job.codes) - job.emitted >= size or (seq.done and job.emitted < seq.target):
                 ready.append(seq)
         ready = self._vocode_order(ready)
         emitted = [seq.payload.emitted for seq in ready]
@@ -266,7 +264,12 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     device, dtype = loop.device, loop.dtype
     t_load = time.monotonic()
     talker_model = materialize(lambda: DecoderLM(preset.talker), device, dtype)
-    talker = ArExecutor(talker_model, preset.talker_limits, keep_hidden=False, graphs=cfg.graphs)
+    talker = ArExecutor(
+        talker_model,
+        preset.talker_limits,
+        keep_hidden=False,
+        graphs=cfg.graphs and preset.graphs_for("talker"),
+    )
     cond_proj = materialize(
         lambda: nn.Linear(preset.thinker.hidden, preset.talker.hidden), device, dtype
     )
