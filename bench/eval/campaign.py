@@ -207,6 +207,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "schema": 1,
         "pipeline": args.pipeline,
         "preset": args.preset,
+        "profile": args.profile,  # the deploy profile of the engine's stage limits
         "downstream": ["speech"] if args.pipeline != "bagel" else ["image"],
         "artifact": art_meta,
         "slo": {c.name: config.slo.target_s(c.name) for c in config.slo.classes},
@@ -404,6 +405,8 @@ class Campaign:
         config = ServingConfig.model_validate(self.plan["serving_config"])
         return PipelineOptions(
             preset=self.plan["preset"],
+            # Plans from before profiles existed ran the engine's then-only limits: "tuned".
+            profile=self.plan.get("profile", "tuned"),
             device=self.args.device,
             policy=item["policy"],
             config=config,
@@ -806,6 +809,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--pipeline", default="qwen2_5_omni")
     p.add_argument("--preset", default="full")
+    p.add_argument(
+        "--profile",
+        default="tuned",
+        choices=("stock", "tuned"),
+        help="deploy profile of the stage limits: the vLLM-Omni files as shipped, or tuned",
+    )
     p.add_argument("--artifact", default="runtime/data/calibration/h200-measured.json")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per point")
     p.add_argument("--seed", type=int, default=1)

@@ -56,7 +56,7 @@ from horizonserve.runtime.engine.reference.gpu_control import (
     uses_mps,
 )
 from horizonserve.runtime.engine.reference.history import BoundedHistory, tuple_bytes
-from horizonserve.runtime.engine.reference.presets import get_preset
+from horizonserve.runtime.engine.reference.presets import ENGINE_PROFILE, get_preset
 from horizonserve.runtime.engine.reference.protocol import (
     ABORTED,
     CHUNK,
@@ -115,6 +115,7 @@ TIMED_OUT = "timeout"  # no first response within the client's timeout (504)
 @dataclass
 class PipelineOptions:
     preset: str = "tiny"
+    profile: str = ENGINE_PROFILE  # deploy profile of the stage limits ("stock", "tuned")
     device: str = "auto"  # auto: cuda:0 when a GPU is visible, else cpu
     policy: str = "horizon"
     config: ServingConfig | None = None  # default: reference classes + default ladder
@@ -379,7 +380,7 @@ class Pipeline:
             log.warning("ladder total %d SMs, device has %d", config.ladder.total, sms)
         self.config = config
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
-        preset = get_preset(opts.preset, **opts.limits)
+        preset = get_preset(opts.preset, opts.profile, **opts.limits)
         self._samples_per_second = float(
             preset.code2wav.samples_per_code * preset.codes_per_audio_second
         )
@@ -393,6 +394,7 @@ class Pipeline:
         log.info("GPU sharing %s (policy %s, ladders %s)", self.sharing, policy, capped)
         self._base = StageConfig(
             preset=opts.preset,
+            profile=opts.profile,
             device=self.device,
             serving_json=config.model_dump_json(),
             record_path=str(self._record.path),

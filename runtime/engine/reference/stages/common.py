@@ -9,7 +9,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any
 
-from horizonserve.runtime.engine.reference.presets import PipelinePreset, get_preset
+from horizonserve.runtime.engine.reference.presets import ENGINE_PROFILE, PipelinePreset, get_preset
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,10 @@ class StageConfig:
     heartbeat_max_age_s: float = 2.0  # downstream slots older than this count as inactive
     warmup: bool = True
     limits: dict[str, int] = field(default_factory=dict)  # thinker limit overrides
+    profile: str = ENGINE_PROFILE  # deploy profile the stage limits come from
 
     def get_preset(self) -> PipelinePreset:
-        return get_preset(self.preset, **self.limits)
+        return get_preset(self.preset, self.profile, **self.limits)
 
 
 def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
