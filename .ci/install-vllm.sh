@@ -21,13 +21,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REQ="$ROOT/tests/vllm/requirements-cpu.txt"
 TORCH_WHEEL_DIR="${HS_TORCH_WHEEL_DIR:-/opt/wheels}"
 
-log() { printf '[install-vllm] %s\n' "$*" >&2; }
-
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV"
-    python3 -I -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+LOG_TAG=install-vllm
+# shellcheck source=venv-lib.sh
+source "$ROOT/.ci/venv-lib.sh"
+ensure_venv "$VENV"
 
 # Every python call uses -I: never put the working directory on sys.path (the repo root has an
 # `operator/` package that shadows the standard library module in a plain venv).

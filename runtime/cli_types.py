@@ -174,3 +174,15 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return " ".join(str(exc).split())
+
+
+def add_systems_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--systems`: comma-separated names from the one system registry (default: all)."""
+    from horizonserve.runtime.sim.systems import SYSTEMS
+
+    parser.add_argument(
+        "--systems",
+        type=one_of(list(SYSTEMS), "system"),
+        default=tuple(SYSTEMS),
+        help="comma-separated systems (default: all): " + ", ".join(SYSTEMS),
+    )

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from horizonserve.runtime.profiler import RequestSignals
+from horizonserve.runtime.profiler import MIN_REMAINING_S, RequestSignals
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ class Stamp:
 
     def slack_ratio(self, now: float, first_output_s: float) -> float:
         """u = (d − t) / r̂ at this stage (r̂ floored like the profiler's)."""
-        r = first_output_s if first_output_s > 1e-4 else 1e-4
+        r = first_output_s if first_output_s > MIN_REMAINING_S else MIN_REMAINING_S
         return (self.deadline - now) / r
 
 

@@ -20,7 +20,6 @@ OVERHEAD_MODULE = "horizonserve.runtime.bench.overhead"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from horizonserve.runtime.sim.systems import SYSTEMS
 
     sub = parser.add_subparsers(dest="target", metavar="TARGET")
     overhead = sub.add_parser("overhead", help="microbenchmarks of the control core")
@@ -35,12 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[*PIPELINES, "all"],
         help="pipeline to simulate (default qwen2_5_omni; 'all' for the three)",
     )
-    g.add_argument(
-        "--systems",
-        type=ck.one_of(list(SYSTEMS), "system"),
-        default=tuple(SYSTEMS),
-        help="comma-separated systems (default: all): " + ", ".join(SYSTEMS),
-    )
+    ck.add_systems_option(g)
     g.add_argument(
         "--rates",
         type=ck.number_list(ck.positive),

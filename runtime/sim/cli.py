@@ -77,12 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", type=ck.attainment, default=0.9, help="attainment target, (0, 1] (0.9)"
     )
-    p.add_argument(
-        "--systems",
-        type=ck.one_of(list(SYSTEMS), "system"),
-        default=tuple(SYSTEMS),
-        help="comma-separated systems (default: all): " + ", ".join(SYSTEMS),
-    )
+    ck.add_systems_option(p)
     p.add_argument(
         "--requests", type=ck.positive_int, default=1500, help="requests per evaluation (1500)"
     )

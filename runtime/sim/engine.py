@@ -31,6 +31,7 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -236,10 +237,10 @@ class Simulator:
         # reference engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count
         # slots too.
         backlog = len(shared.running) >= shared.max_seqs and bool(shared.waiting)
-        running: list[RequestSignals] = []
+        running: Iterable[RequestSignals] = ()
         down_slack = None
         if active and self.policy.slack_split:
-            running = [sync_sig(r) for r in shared.running if _first_pending(r)]
+            running = (sync_sig(r) for r in shared.running if _first_pending(r))
             for stage in self.stages:
                 u = stage.min_slack(now)
                 if u is not None and (down_slack is None or u < down_slack):

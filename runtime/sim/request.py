@@ -27,13 +27,11 @@ class SimRequest:
         "kv_need",
         "last_token",
         "long_path",
-        "preempted",
         "prefilled",
         "prompt",
         "restart",
         "sig",
         "stamp",
-        "underruns",
     )
 
     def __init__(
@@ -68,8 +66,6 @@ class SimRequest:
         self.sig: RequestSignals | None = None
         self.stamp: Stamp | None = None  # set at the hand-off, travels downstream
         self.restart = False  # re-prefilling after a preemption (recompute, as vLLM does)
-        self.preempted = 0
-        self.underruns = 0
 
     def preempt(self) -> None:
         """Back to waiting as a decode continuation: the KV is gone, so the prompt and the
@@ -77,7 +73,6 @@ class SimRequest:
         self.prompt = self.base_prompt + self.decoded
         self.prefilled = 0
         self.restart = True
-        self.preempted += 1
 
 
 def sync_sig(req: SimRequest) -> RequestSignals:

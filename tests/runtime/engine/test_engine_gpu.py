@@ -18,16 +18,17 @@ pytestmark = [
 ]
 
 
-def test_tiny_pipeline_caps_the_shared_stage_while_downstream_runs() -> None:
-    from horizonserve.runtime.engine.reference import (
-        PipelineOptions,
-        ReferenceBackend,
-        RequestSpec,
-        TimedRequest,
-    )
+def _tiny_horizon():  # type: ignore[no-untyped-def]
+    """The tiny reference pipeline on the GPU under HorizonServe (a context manager)."""
+    from horizonserve.runtime.engine.reference import PipelineOptions, ReferenceBackend
 
-    options = PipelineOptions(preset="tiny", device="cuda:0", policy="horizon")
-    with ReferenceBackend(options) as backend:
+    return ReferenceBackend(PipelineOptions(preset="tiny", device="cuda:0", policy="horizon"))
+
+
+def test_tiny_pipeline_caps_the_shared_stage_while_downstream_runs() -> None:
+    from horizonserve.runtime.engine.reference import RequestSpec, TimedRequest
+
+    with _tiny_horizon() as backend:
         info = backend.pipeline.stage_info
         for name, i in info.items():
             print(name, {k: v for k, v in i.items() if k.startswith("sm")})
@@ -100,15 +101,9 @@ def test_mixed_burst_with_downstream_control_loses_nothing_and_never_underruns()
     slack-ordered talker and DiT admission, playback yielding, the slack split and the
     preemption rule. A mixed burst (speech, images, text) within the talker's real-time
     capacity: every request answered exactly once, nothing failed, no speech underrun."""
-    from horizonserve.runtime.engine.reference import (
-        PipelineOptions,
-        ReferenceBackend,
-        RequestSpec,
-        TimedRequest,
-    )
+    from horizonserve.runtime.engine.reference import RequestSpec, TimedRequest
 
-    options = PipelineOptions(preset="tiny", device="cuda:0", policy="horizon")
-    with ReferenceBackend(options) as backend:
+    with _tiny_horizon() as backend:
         trace = [
             *(
                 TimedRequest(0.02 * i, RequestSpec(f"s{i}", priority=10, downstream_tokens=200))

@@ -72,6 +72,10 @@ class DownstreamStage(Protocol):
         """Smallest slack ratio of a request whose first output is pending here (NaN: none)."""
         ...
 
+    def counters(self) -> dict[str, int]:
+        """What the stage's downstream rules did (reported when it stops)."""
+        ...
+
     def configure(self, rules: DownstreamRules) -> None:
         """The policy's downstream rules (admission order, yielding, late refusal)."""
         ...
@@ -205,6 +209,7 @@ class DownstreamLoop:
                 stage.iterate()
                 self.writer.set_active(stage.in_flight, time.monotonic_ns(), stage.min_slack())
         self.writer.set_active(0, time.monotonic_ns())
-        self.events.put(Event(STOPPED, self.name, time.monotonic(), data=memory_info(self.device)))
+        data = {**memory_info(self.device), **stage.counters()}
+        self.events.put(Event(STOPPED, self.name, time.monotonic(), data=data))
         # The SM ladder stays open until the process leaves (see stages.shared.main).
         self.record.close()

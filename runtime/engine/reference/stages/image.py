@@ -119,6 +119,10 @@ class ImageStage:
         job = ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival, stamp=msg.stamp)
         self.pending.append(job, msg.stamp)
 
+    def counters(self) -> dict[str, int]:
+        """Admissions past the point where the deadline could be met."""
+        return {"late_admitted": self.pending.late}
+
     def configure(self, rules: DownstreamRules) -> None:
         """The policy's rules (no streams here: nothing yields)."""
         self.rules = rules

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,10 +204,10 @@ class SharedStage:
         batcher = self.batcher
         backlog = bool(self.waiting) and len(batcher.running) >= batcher.limits.max_batch
         policy = self.policy
-        running: list[RequestSignals] = []
+        running: Iterable[RequestSignals] = ()
         down_slack = None
-        if active and policy.slack_split:  # the split reads both sides' slack
-            running = [s.payload.sig for s in batcher.running if s.payload.admit.downstream]
+        if active and policy.slack_split:  # the split reads both sides' slack (no list built)
+            running = (s.payload.sig for s in batcher.running if s.payload.admit.downstream)
             down_slack = self._downstream_slack()
         decision = policy.step(
             now,

@@ -143,6 +143,11 @@ class SpeechStage:
         for seq in list(self.batcher.running):
             self.batcher.finish(seq)
 
+    def counters(self) -> dict[str, int]:
+        """Admissions past the point where the deadline could be met; decode steps started
+        streams yielded to first chunks."""
+        return {"late_admitted": self.pending.late, "yielded_steps": self.yielded}
+
     def configure(self, rules: DownstreamRules) -> None:
         """The policy's rules: admission order, playback yielding, late refusal."""
         self.rules = rules
