@@ -157,10 +157,12 @@ class SchedulingPolicy:
         return StepDecision(view, sm, pressure)
 
     def _shared_slack(self, now: float, running: Iterable[RequestSignals]) -> float | None:
-        """The shared side's smallest slack ratio: −inf while a protected request waits."""
+        """The shared side's smallest slack ratio: −inf while a short-path prompt or a
+        protected request waits (the shared stage then needs its SMs); otherwise over its
+        running requests and the waiting prefill nearest protection."""
         temporal = self.temporal
-        if temporal.protected_waiting or temporal.ordinary_short_waiting:
-            return -math.inf  # short-path prompts queue: the shared stage needs its SMs
+        if temporal.short_waiting or temporal.protected_waiting:
+            return -math.inf
         best: float | None = None
         for sig in running:
             u = sig.slack_ratio(now)

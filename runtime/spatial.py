@@ -20,7 +20,8 @@ and a downstream stage keeps its guaranteed S_tot − S_cap.
 
 Slack split (`slack_split`, beyond Eq. 1): while co-running, the split follows both sides'
 most urgent runnable request. The engines pass each side's smallest slack ratio u (None: no
-first response pending on that side; −inf on the shared side: a protected request waits).
+first response pending on that side; −inf on the shared side: a short-path prompt or a
+protected request waits, `SchedulingPolicy._shared_slack`).
 When the downstream side's u is the smaller, the shared stage drops to S_min and the
 downstream gets S_tot − S_min; otherwise the shared stage takes Eq. (1)'s level, which stays
 the bound. An idle side gets nothing reserved: no downstream work → S_aggr; the engines give a

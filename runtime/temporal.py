@@ -472,20 +472,11 @@ class TemporalScheduler:
         return None
 
     @property
-    def ordinary_short_waiting(self) -> int:
-        """Short-path prefills waiting without protection (as of the last `plan`)."""
-        return self._short_waiting - self._short_protected
-
-    @property
     def short_waiting(self) -> int:
+        """Short-path prefills waiting, protected or not."""
         return self._short_waiting
 
     @property
     def protected_waiting(self) -> int:
         """Prefills waiting while protected, either path (as of the last `plan`)."""
         return self._short_protected + self._long_waiting - len(self._long_ordinary)
-
-    @property
-    def protected_short_waiting(self) -> int:
-        """Short-path prefills waiting while protected (as of the last `plan`)."""
-        return self._short_protected
