@@ -161,7 +161,8 @@ MAX_ROTATION_STEPS = 64  # bound of M, N_min, N_max and the hysteresis
 class SmLadder(_Model):
     """Shared-stage SM levels S_min … S_cap used while downstream stages co-run.
 
-    Invariant: levels strictly increasing, S_cap = levels[-1] ≤ S_aggr ≤ S_tot.
+    Invariant: levels strictly increasing, reserve ≤ S_min = levels[0], S_cap = levels[-1] ≤
+    S_aggr ≤ S_tot.
     """
 
     # Upper bounds keep a spec from carrying absurd sizes into every pod (the CRD schema
@@ -173,6 +174,14 @@ class SmLadder(_Model):
         gt=0, le=MAX_SMS, description="S_aggr: shared-stage SMs with no downstream work."
     )
     total: int = Field(gt=0, le=MAX_SMS, description="S_tot: SMs on the GPU.")
+    reserve: int | None = Field(
+        None,
+        gt=0,
+        le=MAX_SMS,
+        description="Shared-stage SMs while an urgent downstream side holds the reservation "
+        "(at most S_min); leave out for S_min. Calibration sets it where the downstream "
+        "co-runner steps faster on a smaller shared stage.",
+    )
 
     @field_validator("levels")
     @classmethod
@@ -194,6 +203,11 @@ class SmLadder(_Model):
             raise ValueError(
                 f"aggressive: S_aggr {self.aggressive} exceeds total (S_tot) {self.total}"
             )
+        if self.reserve is not None and self.reserve > self.s_min:
+            raise ValueError(
+                f"reserve: {self.reserve} SMs exceeds S_min {self.s_min} (the first level); "
+                "lower it or leave it out"
+            )
         return self
 
     @property
@@ -203,6 +217,11 @@ class SmLadder(_Model):
     @property
     def s_cap(self) -> int:
         return self.levels[-1]
+
+    @property
+    def s_reserve(self) -> int:
+        """The shared stage's SMs while the downstream side holds the reservation."""
+        return self.s_min if self.reserve is None else self.reserve
 
     def headroom(self, shared_sms: int) -> int:
         """Downstream SMs given a shared-stage allocation (complementary ladder)."""

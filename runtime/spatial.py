@@ -22,8 +22,9 @@ Slack split (`slack_split`, beyond Eq. 1): while co-running, the split follows b
 most urgent runnable request. The engines pass each side's smallest slack ratio u (None: no
 first response pending on that side; −inf on the shared side: a short-path prompt or a
 protected request waits, `SchedulingPolicy._shared_slack`).
-When the downstream side's u is the smaller, the shared stage drops to S_min and the
-downstream gets S_tot − S_min; otherwise the shared stage takes Eq. (1)'s level, which stays
+When the downstream side's u is the smaller, the shared stage drops to the reservation
+(level RESERVED: `SmLadder.s_reserve`, S_min unless calibration chose fewer) and the downstream
+gets the rest; otherwise the shared stage takes Eq. (1)'s level, which stays
 the bound. An idle side gets nothing reserved: no downstream work → S_aggr; the engines give a
 downstream stage the whole GPU while the shared stage has nothing to run.
 
@@ -55,10 +56,12 @@ class Level(IntEnum):
     UNCAPPED = -2  # every stage on the whole GPU (baselines, w/o SM throttling)
     LIFTED = -3  # S_aggr while co-running: the shared stage is backlogged
     OPEN = -4  # the whole GPU under MPS beside the downstream (the cap does not pay)
+    RESERVED = -5  # the shared stage on `SmLadder.s_reserve`: an urgent downstream side first
 
 
 NO_DECISION = -128  # the control record's level when it holds no decision (never a Level)
 AGGRESSIVE, UNCAPPED, LIFTED, OPEN = Level.AGGRESSIVE, Level.UNCAPPED, Level.LIFTED, Level.OPEN
+RESERVED = Level.RESERVED
 
 
 @dataclass(slots=True, frozen=True)
@@ -169,7 +172,9 @@ class SpatialController:
         elif backlog and self._lift:
             level, shared = LIFTED, ladder.aggressive
         elif self._slack_split and _downstream_first(shared_slack, downstream_slack):
-            level, shared = (0, self._levels[0]) if self._reserve else (OPEN, ladder.total)
+            level, shared = (
+                (RESERVED, ladder.s_reserve) if self._reserve else (OPEN, ladder.total)
+            )
         elif self._open:
             level, shared = OPEN, ladder.total
         else:
@@ -182,7 +187,8 @@ class SpatialController:
 
     def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
         ladder = self._ladder
-        prefill = ladder.aggressive if self._boost and level >= 0 else shared
+        boost = self._boost and (level >= 0 or level == RESERVED)
+        prefill = ladder.aggressive if boost else shared
         down = ladder.total if level == OPEN else ladder.headroom(shared)
         d = SmDecision(shared, down, level, changed, prefill)
         self._prev = d

@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from horizonserve.runtime.config import ControlParams, SmLadder
 
 SCHEMA_VERSION = 1
+# The reservation may slow the shared stage's co-running decode to at most this multiple of
+# its best isolated step (3 × 6.2 ms on the H200: text still streams at > 50 tokens/s).
+RESERVE_DECODE_TOL = 3.0
 # The H200 calibration with its contention factors fitted to the measured campaign
 # (`horizonserve calibrate fit`, provenance in each fitted entry's `fit`).
 DEFAULT_ARTIFACT = "h200-fitted.json"
@@ -154,11 +157,12 @@ class SharingCalibration(_Model):
     timeslice: separate CUDA contexts, no MPS: the shared stage pays the co-run factors at
     S_tot; the downstream stage pays `timeslice_downstream_factor`.
     mps: NVIDIA MPS: the shared stage pays 1 + mps_shared_excess · (factor(S_tot) − 1); the
-    downstream stage pays `mps_downstream_factor`.
+    downstream stage pays `mps_downstream_factor`. The excess may exceed 1: MPS can cost the
+    shared stage more than time slicing (beside the DiT, H200: ×6.3 against ×2.2).
     """
 
     timeslice_downstream_factor: float = Field(ge=1)
-    mps_shared_excess: float = Field(ge=0, le=1)
+    mps_shared_excess: float = Field(ge=0, le=50)
     mps_downstream_factor: float = Field(ge=1)
 
     def mps_shared_factor(self, full_factor: float) -> float:
@@ -252,21 +256,48 @@ class PipelineCalibration(_Model):
         more than co-running does), true for BAGEL and the paper-derived estimate."""
         return not self.backlog_lift_pays()
 
+    def reserve_choice(self) -> int:
+        """The shared stage's SMs while an urgent downstream side holds the reservation: of
+        the swept counts up to S_min, the one at which the first downstream stage (talker or
+        DiT) steps fastest beside it, among those where the shared stage's co-running decode
+        stays within `RESERVE_DECODE_TOL` of its best (text keeps streaming; ties go to the
+        larger count). Measured H200, BAGEL: 16 SMs (DiT step 77.6 ms on 116 SMs against
+        86.2 ms on 100, thinker decode 15.1 ms against a best of 6.2)."""
+        s, d, ladder = self.shared, self.downstream[0], self.ladder
+        bound = RESERVE_DECODE_TOL * min(s.decode_step_s.values)
+        swept = sorted({*s.corun_decode_factor.sms, ladder.s_min})
+        fits = [
+            c
+            for c in swept
+            if c <= ladder.s_min
+            and s.decode_step_s.at(c) * s.corun_decode_factor.at(c) <= bound
+        ]
+
+        def downstream_step(c: int) -> float:
+            return d.step_s.at(ladder.headroom(c)) * d.corun_factor.at(c)
+
+        return min(fits or [ladder.s_min], key=lambda c: (downstream_step(c), -c))
+
     def reservation_pays(self) -> bool:
         """Whether an urgent downstream side is better served by the reservation (the shared
-        stage at S_min, the downstream on S_tot − S_min) than by uncapped co-running as MPS
-        clients, for the two sides together: each side's slowdown against running alone on
+        stage on `SmLadder.s_reserve`, the downstream on the rest) than by uncapped co-running
+        as MPS clients. It pays when uncapped co-running would slow the shared stage's decode
+        past `RESERVE_DECODE_TOL` of its best (the shared side cannot be left to MPS), or when
+        it costs the two sides together less: each side's slowdown against running alone on
         the whole GPU, summed (the shared stage keeps decoding while the downstream is
         favoured). The co-runner that sets the pace is the first downstream stage (talker or
-        DiT). Measured H200: the reservation pays for BAGEL (uncapped, the DiT slows the
-        thinker's decode about ×5 while gaining 25 % itself) and for Qwen2.5-Omni."""
+        DiT). Measured H200: it pays for BAGEL (uncapped, the DiT slows the thinker's decode
+        about ×6.3), not for Qwen2.5-Omni or MiMo-Audio (×1.14 beside the talker, which itself
+        loses less as an MPS client than the thinker loses on the reservation)."""
         s, d, ladder = self.shared, self.downstream[0], self.ladder
-        s_min, total = ladder.s_min, ladder.total
+        reserve, total = ladder.s_reserve, ladder.total
         alone_s, alone_d = s.decode_step_s.at(total), d.step_s.at(total)
-        reserved = s.decode_step_s.at(s_min) * s.corun_decode_factor.at(s_min) / alone_s + (
-            d.step_s.at(ladder.headroom(s_min)) * d.corun_factor.at(s_min) / alone_d
-        )
         shared_open = self.sharing.mps_shared_factor(s.corun_decode_factor.at(total))
+        if alone_s * shared_open > RESERVE_DECODE_TOL * min(s.decode_step_s.values):
+            return True
+        reserved = s.decode_step_s.at(reserve) * s.corun_decode_factor.at(reserve) / alone_s + (
+            d.step_s.at(ladder.headroom(reserve)) * d.corun_factor.at(reserve) / alone_d
+        )
         return reserved < shared_open + self.sharing.mps_downstream_factor
 
     def control(self) -> ControlParams:

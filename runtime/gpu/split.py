@@ -12,8 +12,8 @@ Rules, for a decision that is fresh (a stale or missing one counts as no decisio
               UNCAPPED, OPEN or a count of S_tot or more;
   downstream  the whole GPU for no decision (the shared stage is idle), UNCAPPED and OPEN; the
               guaranteed S_tot − S_cap while the shared stage holds S_aggr (AGGRESSIVE, LIFTED:
-              the two then overlap as MPS clients); otherwise the published headroom (at least
-              the guarantee on the ladder; a calibration probe may publish less).
+              the two then overlap as MPS clients); otherwise (a ladder index, RESERVED) the
+              published headroom (at least the guarantee; a calibration probe may publish less).
 Fallback, the same for both roles: a count with no pre-allocated context snaps down to the
 largest one below it (the smallest when none is), so a process never takes SMs it was not
 given; a count of S_tot or more is the whole GPU (no context needed).
@@ -28,6 +28,7 @@ from horizonserve.runtime.config import SmLadder
 from horizonserve.runtime.spatial import NO_DECISION, Level
 
 FLOOR_SMS = 8  # the smallest Green Context the driver grants on Hopper (groups of 8)
+_OVERLAPPED = frozenset({Level.AGGRESSIVE, Level.LIFTED})  # the shared stage holds S_aggr
 
 
 def level_name(level: int) -> str:
@@ -58,7 +59,7 @@ class StageLadder:
         role = Role(role)
         total = ladder.total
         guaranteed = max(total - ladder.s_cap, FLOOR_SMS)
-        shared_levels = {*ladder.levels, ladder.aggressive}
+        shared_levels = {*ladder.levels, ladder.s_reserve, ladder.aggressive}
         if not capped:
             counts: set[int] = set()
         elif role is Role.SHARED:
@@ -87,6 +88,6 @@ class StageLadder:
             return None
         if self.role is Role.SHARED:
             return self.snap(shared_sms)
-        if level < 0 or downstream_sms <= 0:  # AGGRESSIVE, LIFTED: S_aggr over the GPU
+        if level in _OVERLAPPED or downstream_sms <= 0:  # S_aggr over the GPU
             return self.snap(self.guaranteed)
         return self.snap(downstream_sms)  # ≥ the guarantee on the ladder; a probe asks less

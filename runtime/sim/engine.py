@@ -47,7 +47,14 @@ from horizonserve.runtime.sim.result import SimResult
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.sim.systems import System, get_system
-from horizonserve.runtime.spatial import AGGRESSIVE, LIFTED, OPEN, UNCAPPED, SmDecision
+from horizonserve.runtime.spatial import (
+    AGGRESSIVE,
+    LIFTED,
+    OPEN,
+    RESERVED,
+    UNCAPPED,
+    SmDecision,
+)
 from horizonserve.runtime.workload import Trace
 
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
@@ -255,7 +262,7 @@ class Simulator:
         )
         sm = dec.sm
         level = sm.level
-        if level >= AGGRESSIVE:  # a ladder level, or S_aggr with nothing co-running
+        if level >= AGGRESSIVE or level == RESERVED:  # a partition (or nothing co-running)
             sms, down, sharing = sm.shared, sm.downstream, _PARTITION
         elif level == UNCAPPED:
             sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing

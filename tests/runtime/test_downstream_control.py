@@ -17,7 +17,7 @@ from horizonserve.runtime.downstream import (
 )
 from horizonserve.runtime.policy import make_policy
 from horizonserve.runtime.preemption import choose_victim
-from horizonserve.runtime.spatial import AGGRESSIVE, OPEN, SpatialController
+from horizonserve.runtime.spatial import AGGRESSIVE, OPEN, RESERVED, SpatialController
 from tests.runtime.builders import make_config
 
 
@@ -206,7 +206,7 @@ def test_preemption_serves_only_a_short_request_that_needs_a_place_in_time() -> 
 
 
 # -- the slack split -----------------------------------------------------------------------------
-_LADDER = SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132)
+_LADDER = SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132, reserve=16)
 
 
 @settings(max_examples=200, deadline=None)
@@ -243,7 +243,8 @@ def test_split_moves_toward_the_lower_slack_side_and_sums_to_the_gpu(
             assert d.shared + d.downstream == _LADDER.total
         down_first = u_down is not None and (u_shared is None or u_down < u_shared)
         if down_first:  # the downstream side is the more urgent one: it gets the most
-            assert d.level == (0 if reservation_pays else OPEN)
+            assert d.level == (RESERVED if reservation_pays else OPEN)
+            assert d.shared == (_LADDER.reserve if reservation_pays else _LADDER.total)
         elif throttling_pays:
             assert 0 <= d.level < len(_LADDER.levels) and d.shared <= _LADDER.s_cap
         else:
@@ -255,7 +256,7 @@ def test_split_off_is_eq1_whatever_the_slack() -> None:
     off = SpatialController(_LADDER, ControlParams(slack_split=False))
     for ctl in (on, off):
         ctl.observe(0.93)  # B̂ at saturation: Eq. (1) says S_cap
-    assert on.select(True, False, 5.0, 1.0).shared == 32
+    assert on.select(True, False, 5.0, 1.0).shared == 16  # the reservation
     assert off.select(True, False, 5.0, 1.0).shared == 80
 
 
