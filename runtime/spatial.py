@@ -172,9 +172,7 @@ class SpatialController:
         elif backlog and self._lift:
             level, shared = LIFTED, ladder.aggressive
         elif self._slack_split and _downstream_first(shared_slack, downstream_slack):
-            level, shared = (
-                (RESERVED, ladder.s_reserve) if self._reserve else (OPEN, ladder.total)
-            )
+            level, shared = (RESERVED, ladder.s_reserve) if self._reserve else (OPEN, ladder.total)
         elif self._open:
             level, shared = OPEN, ladder.total
         else:

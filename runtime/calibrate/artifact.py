@@ -269,8 +269,7 @@ class PipelineCalibration(_Model):
         fits = [
             c
             for c in swept
-            if c <= ladder.s_min
-            and s.decode_step_s.at(c) * s.corun_decode_factor.at(c) <= bound
+            if c <= ladder.s_min and s.decode_step_s.at(c) * s.corun_decode_factor.at(c) <= bound
         ]
 
         def downstream_step(c: int) -> float:
