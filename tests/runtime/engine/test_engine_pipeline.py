@@ -1,7 +1,8 @@
 """The whole reference pipeline on CPU (tiny models): HTTP API, harness backend, shutdown.
 
-One pipeline (four spawned stage processes: shared, speech, code2wav, image) serves the whole module; the last test stops it
-and checks that no stage process and no shared-memory record is left behind.
+One pipeline (four spawned stage processes: shared, speech, code2wav, image) serves the whole
+module; the last test stops it and checks that no stage process and no shared-memory record is
+left behind.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from horizonserve.runtime.engine.reference import (
     RequestSpec,
     TimedRequest,
 )
+from horizonserve.runtime.engine.reference.pipeline import UNAVAILABLE
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import CHUNK, CODE2WAV, DONE, FIRST, Event
 from horizonserve.runtime.engine.reference.server import ApiServer
@@ -237,7 +239,13 @@ def test_stop_leaves_no_stage_process_or_record(backend: ReferenceBackend) -> No
     assert len(pids) == 4 and all(_alive(p) for p in pids)
     handle = pipeline.submit(RequestSpec("last", priority=10, output_tokens=3))
     assert handle.wait_done(30)
+    # Mid-answer: chunks between the talker and code2wav when the pipeline stops.
+    talking = pipeline.submit(
+        RequestSpec("talking", priority=10, output_tokens=2, downstream_tokens=100_000)
+    )
+    assert talking.wait_first(30)
     backend.close()
+    assert talking.done.is_set() and talking.record.failure == UNAVAILABLE
     assert not any(_alive(p) for p in pids)
     assert record_path is not None and not record_path.exists()
     assert pipeline.health()["ok"] is False
