@@ -25,7 +25,7 @@ from horizonserve.runtime.engine.reference import (
     RequestSpec,
     TimedRequest,
 )
-from horizonserve.runtime.engine.reference.pipeline import UNAVAILABLE
+from horizonserve.runtime.engine.reference.pipeline import UNAVAILABLE, downstream_stages
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import CHUNK, CODE2WAV, DONE, FIRST, Event
 from horizonserve.runtime.engine.reference.server import ApiServer
@@ -192,6 +192,16 @@ def test_speech_chunks_come_from_the_code2wav_process_in_the_deploys_sizes(
     assert sizes == [first * spc, every * spc, every * spc, (7 - first - 2 * every) * spc]
     assert mine[-1].data == {"chunks": 4, "codes": 7, "samples": 7 * spc}
     assert pipeline.stage_info["code2wav"]["params"] > 0  # a stage process of its own
+
+
+def test_the_downstream_option_runs_each_paths_whole_chain() -> None:
+    assert downstream_stages(("image", "speech")) == ("speech", "image", "code2wav")
+    assert downstream_stages(("speech", "code2wav")) == ("speech", "code2wav")
+    assert downstream_stages(("image",)) == ("image",)
+    with pytest.raises(ValueError, match="code2wav needs the speech stage"):
+        downstream_stages(("code2wav",))
+    with pytest.raises(ValueError, match="unknown stage 'talker'"):
+        downstream_stages(("talker",))
 
 
 def test_decode_probe_reports_each_sm_level(backend: ReferenceBackend) -> None:

@@ -66,7 +66,6 @@ class Code2WavStage:
         *,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
-        rules: DownstreamRules | None = None,
     ) -> None:
         self.code2wav = code2wav
         p = next(code2wav.parameters())
@@ -74,7 +73,6 @@ class Code2WavStage:
         self.chunk = preset.code_chunk  # codes per later chunk (the synthetic load's size)
         self.max_batch = preset.code2wav_max_batch
         self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
-        self.rules = rules or DownstreamRules()
         self.streams: dict[tuple[str, float], Stream] = {}
         self.queued = 0  # chunks waiting over all streams
         self.vocoded = 0  # chunks made (reported when the stage stops)
@@ -131,8 +129,8 @@ class Code2WavStage:
         return {"chunks_vocoded": self.vocoded}
 
     def configure(self, rules: DownstreamRules) -> None:
-        """The policy's rules; the chunk order is the deploy's (first chunks, then credit)."""
-        self.rules = rules
+        """Nothing to follow: the chunk order is the deploy's (first chunks, then credit) under
+        every policy, and a chunk of an admitted request is never refused."""
 
     def min_slack(self) -> float:
         """Queued first chunks: the talker's part of their first output is done (share 0)."""
@@ -187,7 +185,6 @@ class Code2WavStage:
 def main(cfg: Any, in_q: Any, events: Any) -> None:
     """Process body of the code2wav stage (see `stages.run_stage`)."""
     from horizonserve.runtime.engine.reference.models import materialize
-    from horizonserve.runtime.engine.reference.stages.admission import downstream_rules
     from horizonserve.runtime.engine.reference.stages.downstream import DownstreamLoop
 
     loop = DownstreamLoop(cfg, STAGE, in_q, events)
@@ -195,7 +192,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     t_load = time.monotonic()
     code2wav = materialize(lambda: Code2Wav(preset.code2wav), loop.device, loop.dtype)
     sink: list[Event] = []
-    stage = Code2WavStage(code2wav, preset, emit=sink.append, rules=downstream_rules(loop.config))
+    stage = Code2WavStage(code2wav, preset, emit=sink.append)
     if cfg.warmup:
         first = preset.first_chunk or preset.code_chunk
         for level in loop.warmup_levels():
