@@ -23,10 +23,11 @@ from horizonserve.runtime.calibrate.artifact import (
     load_packaged,
 )
 from horizonserve.runtime.calibrate.limits import with_deploy
-from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM
+from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM, pipeline_stages
 from horizonserve.runtime.calibrate.stats import quantile_ci
 from horizonserve.runtime.config import SmLadder, default_ladder
 from horizonserve.runtime.engine.deploy import load_deploy
+from horizonserve.runtime.engine.reference.protocol import CODE2WAV
 
 CARRIED = f"carried over from {ESTIMATE_ARTIFACT} (estimate)"
 
@@ -60,7 +61,8 @@ def by_sms(rows: list[list[float]], part: int = 3, *, kind: str = "main") -> dic
 
     rows: (t0, t1, sms, main s, second s, n, prefilled). kind "main": the main part of
     iterations that admitted nothing (talker decode / DiT step); "chunk": the second part per
-    iteration that vocoded (code2wav), divided by nothing (a batch of n chunks).
+    iteration that vocoded (the code2wav stage's rows), divided by nothing (a batch of n
+    chunks).
     """
     groups: dict[int, list[float]] = {}
     for r in rows:
@@ -285,65 +287,68 @@ def _pipeline(
         notes.carried(f"shared.{k}", "engine limits / model facts")
 
     # -- downstream -------------------------------------------------------------------------------
-    alone = raw.get("downstream_alone", {}).get(stage)
+    alones = raw.get("downstream_alone", {})
+    alone = alones.get(stage)
     downs = [d.model_dump() for d in tpl.downstream]
     ds_info: dict[str, Any] = {}
     f_ts_down = f_mps_down = None
-    if alone is not None:
-        parts = [("main", 3)] if stage == "image" else [("main", 3), ("chunk", 4)]
-        for i, (kind, _col) in enumerate(parts):
-            if i >= len(downs):
-                break
-            d = downs[i]
-            al = by_sms(alone["rows"], kind=kind)
-            one = by_sms(alone["batch1_rows"], kind=kind)
-            nb = alone["batch"] if kind == "main" else chunk_batch(alone["rows"])
-            frac = derive.batch_frac(one.get(total, 0.0), al.get(total, 0.0), nb)
-            if stage == "image":
-                frac = d["batch_frac"]  # measured at batch 1 only (the DiT stage runs batch 1)
-            unit = 1.0
-            if kind == "chunk":  # the template's step is 1 s of audio; ours is code_chunk codes
-                from horizonserve.runtime.engine.reference.presets import get_preset
+    # Each downstream entry from the stage process that runs it: the talker's decode step (or
+    # the DiT's) is a main part, code2wav's chunk a vocoder part (see by_sms).
+    for i, part in enumerate(pipeline_stages(name)[: len(downs)]):
+        part_alone, part_corun = alones.get(part), raw.get("corun", {}).get(part)
+        if part_alone is None:
+            continue
+        kind = "chunk" if part == CODE2WAV else "main"
+        what = {"main": "talker decode step" if stage == "speech" else "DiT step",
+                "chunk": "code2wav chunk"}[kind]  # fmt: skip
+        d = downs[i]
+        al = by_sms(part_alone["rows"], kind=kind)
+        one = by_sms(part_alone["batch1_rows"], kind=kind)
+        nb = part_alone["batch"] if kind == "main" else chunk_batch(part_alone["rows"])
+        frac = derive.batch_frac(one.get(total, 0.0), al.get(total, 0.0), nb)
+        if stage == "image":
+            frac = d["batch_frac"]  # measured at batch 1 only (the DiT stage runs batch 1)
+        unit = 1.0
+        if kind == "chunk":  # the template's step is 1 s of audio; ours is code_chunk codes
+            from horizonserve.runtime.engine.reference.presets import get_preset
 
-                pr = get_preset(raw["options"]["preset"])
-                unit = pr.codes_per_audio_second / pr.code_chunk
-            steps = {s: unit * v / (1 + frac * (nb - 1)) for s, v in al.items()}
-            c = _curve(steps)
-            if c is not None:
-                d["step_s"] = c.model_dump()
-                d["batch_frac"] = round(frac, 5)
-                what = {"main": "talker decode step" if stage == "speech" else "DiT step",
-                        "chunk": "code2wav chunk"}[kind]  # fmt: skip
+            pr = get_preset(raw["options"]["preset"])
+            unit = pr.codes_per_audio_second / pr.code_chunk
+        steps = {s: unit * v / (1 + frac * (nb - 1)) for s, v in al.items()}
+        c = _curve(steps)
+        if c is not None:
+            d["step_s"] = c.model_dump()
+            d["batch_frac"] = round(frac, 5)
+            notes.measured(
+                f"downstream.{d['name']}.step_s",
+                f"reference {what} alone ({part} stage) under synthetic load per SM count "
+                f"(batch {nb}, normalised to batch 1 by batch_frac)"
+                + (f"; x{unit:g} to the template's 1-s chunk" if unit != 1.0 else ""),
+            )
+        if part_corun:
+            co = by_sms(in_windows(part_corun["rows"], part_corun["probe"]), kind=kind)
+            fac = {total - s: co[s] / al[s] for s in co if s in al and s < total}
+            if total in co and total in al:
+                fac[total] = co[total] / al[total]  # both on the whole GPU (pipeline 1)
+                if i == 0 and mps1:
+                    f_mps_down = fac[total]
+            fc = _curve(fac)
+            if fc is not None:
+                d["corun_factor"] = fc.model_dump()
                 notes.measured(
-                    f"downstream.{d['name']}.step_s",
-                    f"reference {stage} stage's {what} alone under synthetic load per SM count "
-                    f"(batch {nb}, normalised to batch 1 by batch_frac)"
-                    + (f"; x{unit:g} to the template's 1-s chunk" if unit != 1.0 else ""),
+                    f"downstream.{d['name']}.corun_factor",
+                    f"{what} while the shared stage decodes at s SMs (this stage on S_tot - s) "
+                    "/ the same alone, vs s",
                 )
-            if corun_run:
-                co = by_sms(in_windows(corun_run["rows"], corun_run["probe"]), kind=kind)
-                fac = {total - s: co[s] / al[s] for s in co if s in al and s < total}
-                if total in co and total in al:
-                    fac[total] = co[total] / al[total]  # both on the whole GPU (pipeline 1)
-                    if i == 0 and mps1:
-                        f_mps_down = fac[total]
-                fc = _curve(fac)
-                if fc is not None:
-                    d["corun_factor"] = fc.model_dump()
-                    notes.measured(
-                        f"downstream.{d['name']}.corun_factor",
-                        "step while the shared stage decodes at s SMs (this stage on S_tot - s) "
-                        "/ the same alone, vs s",
-                    )
-            if base_run and i == 0:
-                bco = by_sms(in_windows(base_run["rows"], base_run["probe"]), kind=kind)
-                if total in bco and total in al:
-                    f_ts_down = bco[total] / al[total]
-            if mps_run and i == 0:
-                mco = by_sms(in_windows(mps_run["rows"], mps_run["probe"]), kind=kind)
-                if total in mco and total in al:
-                    f_mps_down = mco[total] / al[total]
-            ds_info[d["name"]] = {"alone_s": al, "batch": nb}
+        if base_run and i == 0:
+            bco = by_sms(in_windows(base_run["rows"], base_run["probe"]), kind=kind)
+            if total in bco and total in al:
+                f_ts_down = bco[total] / al[total]
+        if mps_run and i == 0:
+            mco = by_sms(in_windows(mps_run["rows"], mps_run["probe"]), kind=kind)
+            if total in mco and total in al:
+                f_mps_down = mco[total] / al[total]
+        ds_info[d["name"]] = {"alone_s": al, "batch": nb}
     for d in downs:
         for k in ("work_fixed", "work_per_audio_second", "work_per_input_image",
                   "first_output_work", "max_batch"):  # fmt: skip

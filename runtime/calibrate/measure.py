@@ -12,18 +12,19 @@ Everything measured lands in one JSON-able dict (the raw log, written next to th
                              (decode_seq_frac, decode_ctx_frac)
     iso.prefill              one 2048-token prompt per SM count (prefill_token_s)
     downstream_alone.<stage> a downstream stage alone under synthetic load at each of its
-                             complementary SM counts (+ batch 1 on the whole GPU)
+                             complementary SM counts (+ batch 1 on the whole GPU); every stage
+                             process of the pipeline (speech: talker, then code2wav) on its own
     corun.<stage>            the decode/prefill sweep again while that downstream stage runs
                              flat out on the complementary SMs (the co-running curve of Figure 4)
   pipeline 2 (Vanilla: time-sliced processes, no MPS, no caps; GPU only):
-    baseline.<stage>         decode/prefill at the whole GPU with the downstream stage co-running
-                             and alone (timeslice co-running factors)
+    baseline.<stage>         decode/prefill at the whole GPU with the pipeline's first downstream
+                             stage co-running and alone (timeslice co-running factors)
     solo.<pipeline>.<class>  first-response latency of each class alone (closed loop, one
                              request at a time, fcfs): the SLO table's solo p95, with the wall
                              time the class took
   pipeline 3 (MPS without caps, the MPS baselines' mode; GPU only):
-    mps.<stage>              decode/prefill at the whole GPU with the downstream stage co-running
-                             under MPS, and alone (the MPS co-running factors, in situ)
+    mps.<stage>              decode/prefill at the whole GPU with the first downstream stage
+                             co-running under MPS, and alone (the MPS co-running factors, in situ)
   engine                     the limits the running engine was built with (deploy profile)
 On a CPU pipelines 2 and 3 are skipped and the solo runs use pipeline 1.
 
@@ -58,11 +59,28 @@ from horizonserve.runtime.config import (
     SmLadder,
     load_pipeline,
 )
+from horizonserve.runtime.engine.reference.pipeline import CHAINS
 from horizonserve.runtime.workload import load_workload
 
 log = logging.getLogger(__name__)
 
+# The reference engine's downstream path standing in for each pipeline's (named by its first
+# stage, whose co-running sets the shared stage's factors).
 PIPELINE_DOWNSTREAM = {"qwen2_5_omni": "speech", "mimo_audio": "speech", "bagel": "image"}
+
+
+def pipeline_stages(name: str) -> tuple[str, ...]:
+    """The downstream stage processes pipeline `name` runs, in the order of its artifact's
+    downstream entries (speech: talker, then code2wav)."""
+    return CHAINS[PIPELINE_DOWNSTREAM[name]]
+
+
+def _stages(pipelines: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(every downstream stage, the first stage of each path) the pipelines run, sorted."""
+    every = sorted({s for p in pipelines for s in pipeline_stages(p)})
+    return every, sorted({PIPELINE_DOWNSTREAM[p] for p in pipelines})
+
+
 QUICK_LEVELS = (16, 32, 48, 64, 80, 96, 112)
 
 
@@ -217,7 +235,7 @@ class Calibrator:
         self.raw["engine"] = engine_limits(self.preset, ENGINE_PROFILE)
         self.done: list[str] = []
         self._resume()
-        self.stages = sorted({PIPELINE_DOWNSTREAM[p] for p in opts.pipelines})
+        self.stages, self.first_stages = _stages(opts.pipelines)
         q = opts.quick
         tiny = opts.preset == "tiny"
         self.level_s = 0.25 if tiny else (0.6 if q else 1.0)  # seconds per level (loads, NVML)
@@ -232,9 +250,9 @@ class Calibrator:
     @staticmethod
     def steps_for(opts: CalibrationOptions, cuda: bool) -> int:
         """How many progress steps `run` reports (for the progress bar's total)."""
-        n_stage = len({PIPELINE_DOWNSTREAM[p] for p in opts.pipelines})
-        n = 8 + 2 * n_stage + (2 + n_stage if cuda and opts.baseline else 0)
-        return n + (2 + n_stage if cuda and opts.mps else 0)
+        every, first = _stages(opts.pipelines)
+        n = 8 + 2 * len(every) + (2 + len(first) if cuda and opts.baseline else 0)
+        return n + (2 + len(first) if cuda and opts.mps else 0)
 
     # -- checkpoint -------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -379,14 +397,14 @@ class Calibrator:
             full = (total,)
             if two:
                 p2 = [("baseline.iso", whole_alone("baseline", "baseline"))]
-                p2 += [(f"baseline.{s}", corun(s, "baseline", full)) for s in self.stages]
+                p2 += [(f"baseline.{s}", corun(s, "baseline", full)) for s in self.first_stages]
                 p2.append(("solo", lambda pipe: self._solo(pipe, step)))
                 self._phases(
                     p2, uncapped("fcfs", "timeslice", "pipeline2", "Vanilla: time-sliced, no caps")
                 )
             if three:
                 p3 = [("mps.iso", whole_alone("mps", "MPS"))]
-                p3 += [(f"mps.{s}", corun(s, "mps", full)) for s in self.stages]
+                p3 += [(f"mps.{s}", corun(s, "mps", full)) for s in self.first_stages]
                 self._phases(p3, uncapped("fcfs", "mps", "pipeline3", "MPS, no caps"))
         finally:
             trace.stop()
@@ -434,7 +452,10 @@ class Calibrator:
                 rec["pressure"] = self._window(rec["t_start"], rec["t_end"])
 
     def _load_batch(self, stage: str) -> int:
-        return self.preset.talker_limits.max_batch if stage == "speech" else 1
+        talker = self.preset.talker_limits.max_batch
+        if stage == "code2wav":  # chunks per iteration: the deploy's limit (0: none)
+            return self.preset.code2wav_max_batch or talker
+        return talker if stage == "speech" else 1
 
     def _downstream_alone(self, pipe: Any, stage: str, step: Callable[[str], None]) -> None:
         step(f"{stage} stage alone, per SM count")

@@ -1,5 +1,6 @@
-"""Reference stage pipeline: a real multi-process torch pipeline (shared AR stage + speech and
-image generators) with random weights, scheduled by the control core's policy.
+"""Reference stage pipeline: a real multi-process torch pipeline (shared AR stage, then the
+talker and code-to-waveform stages for speech and the DiT stage for images, each its own
+process) with random weights, scheduled by the control core's policy.
 
 Heavy modules (torch) load only inside the stage processes; importing this package and the
 front-side classes below does not import torch.

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--downstream",
         default=",".join(DOWNSTREAM_STAGES),
-        help="downstream stages to run, comma separated (default speech,image)",
+        help="downstream stages to run, comma separated (default speech,image,code2wav; "
+        "speech brings code2wav, its vocoder, along)",
     )
     net = parser.add_argument_group("HTTP")
     net.add_argument(

@@ -2,8 +2,8 @@
 collects events out, supervises the stages and shuts everything down.
 
     Pipeline.start()   control record in /dev/shm (stale ones of killed runs removed first);
-                       one spawned process per stage (shared, speech, image); waits until
-                       every stage reported READY
+                       one spawned process per stage (shared, speech, code2wav, image);
+                       waits until every stage reported READY
     Pipeline.submit()  class lookup + arrival stamp, then onto the shared stage's queue;
                        returns a RequestHandle whose events fire at first response / done
     Pipeline.cancel()  drop one request in every stage (client gone, wait timed out)
@@ -22,8 +22,13 @@ stage each `SUPERVISE_TICK_S` — process exited, or its heartbeat in the contro
 than `hang_timeout_s` (hung or stopped), in the future, or written by another process. A
 failed stage is killed and started again after a doubling backoff; meanwhile the classes that
 need it are unavailable (`StageUnavailableError`, HTTP 503 with Retry-After) and the other
-classes keep serving. Hand-offs from the shared stage then pass through the front (a relay
-queue per downstream stage) so a restarted downstream stage gets fresh queues.
+classes keep serving. Hand-offs from the shared stage, and the talker's code chunks, then pass
+through the front (a relay queue per producer and target) so a restarted stage gets fresh
+queues.
+
+Speech requests pass two downstream stages: the talker (speech) and code2wav, which makes the
+waveform and so their first response; both are needed (`CHAINS`), and a cancel, an abort or a
+failure reaches both.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from horizonserve.runtime.engine.reference.presets import ENGINE_PROFILE, get_pr
 from horizonserve.runtime.engine.reference.protocol import (
     ABORTED,
     CHUNK,
+    CODE2WAV,
     DONE,
     ERROR,
     FIRST,
@@ -76,6 +82,7 @@ from horizonserve.runtime.engine.reference.protocol import (
     Abort,
     Admit,
     Cancel,
+    CodeChunk,
     Event,
     Handoff,
     ProbeDecode,
@@ -97,7 +104,12 @@ from horizonserve.runtime.profiler import RequestProfiler
 
 log = logging.getLogger(__name__)
 
-DOWNSTREAM_STAGES = (SPEECH, IMAGE)
+# Upstream first; a stage's index here is its control-record slot.
+DOWNSTREAM_STAGES = (SPEECH, IMAGE, CODE2WAV)
+# The downstream stages a long-path request passes, in order (speech: talker, then vocoder).
+CHAINS: dict[str, tuple[str, ...]] = {SPEECH: (SPEECH, CODE2WAV), IMAGE: (IMAGE,)}
+# Who hands work on to whom (the shared stage: Handoff; the talker: CodeChunk).
+FEEDS: dict[str, tuple[str, ...]] = {"shared": (SPEECH, IMAGE), SPEECH: (CODE2WAV,)}
 MAX_RID_CHARS = 128  # request ids longer than this are refused (memory, logs)
 SUPERVISE_TICK_S = 0.1
 RECORD_PREFIX = "horizonserve-control-"
@@ -119,7 +131,7 @@ class PipelineOptions:
     device: str = "auto"  # auto: cuda:0 when a GPU is visible, else cpu
     policy: str = "horizon"
     config: ServingConfig | None = None  # default: reference classes + default ladder
-    downstream: tuple[str, ...] = DOWNSTREAM_STAGES
+    downstream: tuple[str, ...] = DOWNSTREAM_STAGES  # "speech" brings code2wav along
     mps: bool = False  # GPU-sharing mode of the MPS baselines
     # How the stage processes share the GPU: "auto" picks it from the policy (gpu_control:
     # horizon -> MPS + Green Context ladders, fcfs/edf -> time-sliced, mps flag -> MPS); or one
@@ -280,10 +292,32 @@ def device_sms(device: str) -> int | None:
 
 
 def downstream_of(cls: RequestClass) -> str | None:
-    """The downstream stage a class's requests go through (None: short path)."""
+    """The downstream path a class's requests take, named by its first stage (None: short
+    path)."""
     if cls.path is not Path.LONG:
         return None
     return SPEECH if cls.priority is Priority.AUDIO else IMAGE
+
+
+def stages_of(downstream: str | None) -> tuple[str, ...]:
+    """Every stage a request on this downstream path needs, upstream first."""
+    return ("shared", *CHAINS.get(downstream or "", ()))
+
+
+def downstream_stages(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The downstream stages to run for `names`, each path's whole chain (speech: code2wav
+    too), in `DOWNSTREAM_STAGES` order; ValueError for an unknown name or a stage without the
+    one that feeds it."""
+    for name in names:
+        if name not in DOWNSTREAM_STAGES:
+            known = ", ".join(DOWNSTREAM_STAGES)
+            raise ValueError(f"downstream: unknown stage {name!r}; use {known}")
+    chosen = {s for name in names for s in CHAINS.get(name, (name,))}
+    for name in chosen:
+        feeders = [f for f, targets in FEEDS.items() if name in targets and f != "shared"]
+        if feeders and not chosen.intersection(feeders):
+            raise ValueError(f"downstream: {name} needs the {feeders[0]} stage that feeds it")
+    return tuple(s for s in DOWNSTREAM_STAGES if s in chosen)
 
 
 @dataclass
@@ -328,7 +362,9 @@ class Pipeline:
         self._slots: dict[str, StageSlot] = {}
         self._procs: dict[str, Any] = {}
         self._queues: dict[str, Any] = {}
-        self._relay: dict[str, Any] = {}  # downstream name -> hand-off relay queue (supervised)
+        # producer -> target -> relay queue of its hand-offs (supervised pipelines)
+        self._relay: dict[str, dict[str, Any]] = {}
+        self.downstream: tuple[str, ...] = ()  # the downstream stages run (downstream_stages)
         self._inbox: queue.Queue[tuple[str, int, Event] | None] = queue.Queue()
         self._ctx: Any = None
         self._base: StageConfig | None = None
@@ -361,9 +397,7 @@ class Pipeline:
     # -- lifetime ---------------------------------------------------------------------------
     def start(self) -> Pipeline:
         opts = self.options
-        for name in opts.downstream:
-            if name not in DOWNSTREAM_STAGES:
-                raise ValueError(f"downstream: unknown stage {name!r}; use speech and/or image")
+        self.downstream = downstream_stages(opts.downstream)
         self.device = resolve_device(opts.device)
         cuda = self.device.startswith("cuda")
         policy = opts.policy or (opts.config.policy.value if opts.config else "horizon")
@@ -412,7 +446,8 @@ class Pipeline:
         self._stopping = False
         self._collector = threading.Thread(target=self._collect, name="events", daemon=True)
         self._collector.start()
-        for name in (*opts.downstream, "shared"):  # downstream first: their queues exist
+        # Consumers before producers: a stage's targets have their queues when it starts.
+        for name in (*reversed(self.downstream), "shared"):
             self._slots[name] = StageSlot(name)
             self._spawn(name)
         try:
@@ -434,19 +469,19 @@ class Pipeline:
         slot.gen += 1
         slot.in_q, slot.events = ctx.Queue(), ctx.Queue()
         slot.state, slot.started, slot.ready_ns = STARTING, time.monotonic(), 0
-        if name == "shared":
-            if opts.supervise:
-                self._relay = {n: ctx.Queue() for n in opts.downstream}
-                targets = dict(self._relay)
-                for target, q in targets.items():
-                    self._pump(q, name, slot.gen, lambda m, t=target: self._forward(t, m))
-            else:
-                targets = {n: self._slots[n].in_q for n in opts.downstream}
-            args: tuple[Any, ...] = ("shared", self._base, slot.in_q, slot.events, targets)
-        else:
+        cfg = self._base
+        if name != "shared":
             index = DOWNSTREAM_STAGES.index(name)
-            cfg = replace(self._base, downstream_slot=index, seed=opts.seed + index + 1)
-            args = (name, cfg, slot.in_q, slot.events)
+            cfg = replace(cfg, downstream_slot=index, seed=opts.seed + index + 1)
+        args: tuple[Any, ...] = (name, cfg, slot.in_q, slot.events)
+        feeds = [t for t in FEEDS.get(name, ()) if t in self._slots]
+        if feeds and opts.supervise:
+            targets = self._relay[name] = {t: ctx.Queue() for t in feeds}
+            for target, q in targets.items():
+                self._pump(q, name, slot.gen, lambda m, t=target: self._forward(t, m))
+            args += (dict(targets),)
+        elif feeds:
+            args += ({t: self._slots[t].in_q for t in feeds},)
         slot.proc = ctx.Process(
             target=run_stage, args=args, name=f"horizonserve-{name}", daemon=True
         )
@@ -529,7 +564,8 @@ class Pipeline:
             self._collector.join(5.0)
         for slot in self._slots.values():
             _close_queues(slot.in_q, slot.events)
-        _close_queues(*self._relay.values())
+        for relay in self._relay.values():
+            _close_queues(*relay.values())
         if self._record is not None:
             self._record.close()
             self._record.unlink()
@@ -663,11 +699,13 @@ class Pipeline:
         message = f"{name} stage failed ({reason}); restarting"
         if name == "shared":
             self._fail_where(lambda r: r.stage == "shared", message, UNAVAILABLE, retry)
-        else:
-            hit = self._fail_where(lambda r: r.downstream == name, message, UNAVAILABLE, retry)
-            shared = self._slots["shared"]
-            if hit and shared.state == RUNNING:
-                shared.in_q.put(Cancel(tuple(hit)))  # don't hand them off any more
+            return
+        path = next(p for p, chain in CHAINS.items() if name in chain)
+        hit = self._fail_where(lambda r: r.downstream == path, message, UNAVAILABLE, retry)
+        for other in stages_of(path):  # the stages before and after it drop them too
+            peer = self._slots.get(other)
+            if hit and peer is not None and peer is not slot and peer.state == RUNNING:
+                peer.in_q.put(Cancel(tuple(hit)))
 
     def _retry_after(self, slot: StageSlot, now: float) -> float:
         return max(1.0, slot.restart_at - now + slot.startup_s)
@@ -678,9 +716,7 @@ class Pipeline:
             return {}
         out: dict[str, str] = {}
         for cls in self.config.slo.classes:
-            for stage in ("shared", downstream_of(cls)):
-                if stage is None:
-                    continue
+            for stage in stages_of(downstream_of(cls)):
                 slot = self._slots.get(stage)
                 if slot is None:
                     out[cls.name] = f"the {stage} stage is not run by this server"
@@ -708,8 +744,8 @@ class Pipeline:
         if downstream is not None and downstream not in self._procs:
             raise ValueError(f"class {cls.name!r} needs the {downstream} stage, not running")
         now = time.monotonic()
-        for stage in ("shared", downstream):
-            slot = self._slots.get(stage) if stage else None
+        for stage in stages_of(downstream):
+            slot = self._slots.get(stage)
             if slot is not None and slot.state != RUNNING:
                 reason = f"is {slot.state}" + (f" ({slot.reason})" if slot.reason else "")
                 self.metrics.rejected(cls.name, "unavailable")
@@ -744,19 +780,18 @@ class Pipeline:
         rec = handle.record
         # Cancel goes out before the handle retires: a request reusing the id afterwards is
         # admitted behind it on the shared queue (and matches no (id, arrival) anyway).
-        stages = ["shared"] if rec.downstream is None else ["shared", rec.downstream]
-        for stage in stages:
+        for stage in stages_of(rec.downstream):
             slot = self._slots.get(stage)
             if slot is not None and slot.state == RUNNING:
                 slot.in_q.put(Cancel(((rid, rec.arrival),)))
         rec.error, rec.failure = reason, failure
         return self._retire(handle)
 
-    def _forward(self, target: str, msg: Handoff) -> None:
-        """Relay a hand-off to the current `target` stage (supervised pipelines)."""
+    def _forward(self, target: str, msg: Handoff | CodeChunk) -> None:
+        """Relay a hand-off or code chunk to the current `target` stage (supervised)."""
         with self._lock:
             handle = self._handles.get(msg.rid)
-        if handle is None:
+        if handle is None or handle.record.arrival != msg.arrival:
             return  # cancelled or failed meanwhile: no downstream work for it
         slot = self._slots[target]
         if slot.state != RUNNING:
@@ -843,7 +878,7 @@ class Pipeline:
         before = time.monotonic() if before is None else before
         with self._ready:
             self._aborts = {}
-            for name in ("shared", *[n for n in self._queues if n != "shared"]):
+            for name in ("shared", *self.downstream):  # producers before their consumers
                 self._queues[name].put(Abort(before))
                 self._wait_locked(lambda n=name: n in self._aborts, timeout, f"abort ({name})")
             dropped = dict(self._aborts)

@@ -1,8 +1,11 @@
 """Messages between the front process and the stage processes (plain picklable dataclasses).
 
-    front ──RequestSpec+arrival──▶ shared stage ──Handoff──▶ speech / image stage
-      ▲                                 │                           │
-      └──────────── Event (ready, first, handoff, done, trace, error, stopped) ◀──┘
+    front ──RequestSpec+arrival──▶ shared stage ──Handoff──▶ speech (talker) ──CodeChunk──▶ code2wav
+      ▲                                 │          ╲──Handoff──▶ image                        │
+      └──────────── Event (ready, first, chunk, handoff, done, trace, error, stopped) ◀───────┘
+
+A speech answer's FIRST / CHUNK / DONE events come from the code2wav stage (the waveform);
+the talker reports only refusals and failures.
 
 Times are `time.monotonic()` seconds: CLOCK_MONOTONIC is one clock for every process of a
 Linux host, so a stamp taken in one process is comparable in another.
@@ -34,7 +37,8 @@ ABORTED = "aborted"  # a stage dropped requests for an Abort (data["dropped"])
 TOKENS = "tokens"  # shared-stage tokens of streaming requests this step (data["tokens"]: rid, id)
 CHUNK = "chunk"  # a speech chunk after the first (data: chunk, codes, samples)
 
-SPEECH = "speech"
+SPEECH = "speech"  # the talker: codec codes from the thinker's hidden states
+CODE2WAV = "code2wav"  # codec codes to waveform, fed chunk by chunk by the talker
 
 # Columns of one shared-stage trace row (one per iteration).
 TRACE_COLUMNS = (
@@ -187,6 +191,26 @@ class Handoff:
     cond: WireTensor  # [L, thinker_hidden]
     target: int | None  # talker codes / denoising steps (None: the preset's default)
     stamp: Stamp | None = None  # class, deadline and estimate, set once by the shared stage
+
+
+@dataclass(slots=True, frozen=True)
+class CodeChunk:
+    """One chunk of a speech answer's codec codes, from the talker to the code2wav stage.
+
+    Chunks of a request are sent in order: index 0 holds the first `first_chunk` codes (its
+    waveform is the first response), later ones `code_chunk` codes; `last` marks the final
+    (possibly shorter) one."""
+
+    rid: str
+    arrival: float
+    index: int
+    codes: tuple[int, ...]
+    last: bool
+    stamp: Stamp | None = None  # the shared stage's stamp, passed on unchanged
+
+
+#: Per-request work a downstream stage receives (dropped on arrival once aborted / cancelled).
+WORK = (Handoff, CodeChunk)
 
 
 @dataclass(slots=True)

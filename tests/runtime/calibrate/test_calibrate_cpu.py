@@ -56,7 +56,11 @@ def test_raw_log_and_summary_are_written(out_dir: Path) -> None:
     raw = json.loads(next(out_dir.glob("*.raw.log")).read_text())
     assert raw["device"] == "cpu" and raw["iso"]["decode_b8"]["levels"]
     assert set(raw["solo"]) == {"qwen2_5_omni", "bagel"}
-    assert set(raw["downstream_alone"]) == {"speech", "image"}
+    assert set(raw["downstream_alone"]) == {"speech", "code2wav", "image"}
+    assert set(raw["corun"]) == {"speech", "code2wav", "image"}
+    talker, vocoder = raw["downstream_alone"]["speech"], raw["downstream_alone"]["code2wav"]
+    assert all(r[4] == 0.0 for r in talker["rows"])  # the talker's process vocodes nothing
+    assert all(r[3] == 0.0 and r[4] > 0 and r[5] > 0 for r in vocoder["rows"])
     summary = next(out_dir.glob("*.summary.txt")).read_text()
     assert "SLO ms" in summary and "ladder" in summary
 

@@ -30,13 +30,16 @@ def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> N
         resume=True,
     )
     raw = Calibrator(opts).run()
-    assert {"iso", "corun.speech", "baseline.speech", "mps.speech", "solo"} <= set(raw["done"])
+    done = set(raw["done"])
+    assert {"iso", "corun.speech", "corun.code2wav", "baseline.speech", "mps.speech"} <= done
+    assert "solo" in done and "baseline.code2wav" not in done  # whole-GPU factors: the talker
     assert raw["pipeline2"]["sharing"] == "timeslice"
     assert raw["pipeline3"]["sharing"] in ("mps", "timeslice")  # timeslice: MPS unavailable
     art, summary = build_artifact(raw, "pytest")
     p = art.pipeline("qwen2_5_omni")
     print(p.sharing, {k: v for k, v in p.notes.items() if k.startswith("sharing")})
     assert p.notes["sharing.timeslice_downstream_factor"].startswith("measured")
+    assert p.notes["downstream.code2wav.corun_factor"].startswith("measured: code2wav chunk")
     if raw["pipeline3"]["sharing"] == "mps":
         assert "pipeline 3" in p.notes["sharing.mps_downstream_factor"]
     assert p.deploy_profile == raw["engine"]["deploy_profile"]

@@ -65,7 +65,7 @@ def test_serve_answers_http_writes_stats_and_stops_on_sigterm(tmp_path: Path) ->
             url = m.group(1) if m else None
         assert url, "".join(log)
         stages = _children(proc.pid)
-        assert len(stages) >= 3  # shared, speech, image (+ multiprocessing's resource tracker)
+        assert len(stages) >= 4  # shared, speech, code2wav, image (+ the resource tracker)
 
         body = json.dumps({"priority": 10, "input_tokens": 12, "output_tokens": 3}).encode()
         req = urllib.request.Request(url + "/v1/requests", data=body, method="POST")

@@ -32,7 +32,8 @@ def test_tiny_pipeline_caps_the_shared_stage_while_downstream_runs() -> None:
         info = backend.pipeline.stage_info
         for name, i in info.items():
             print(name, {k: v for k, v in i.items() if k.startswith("sm")})
-        assert {info[s]["sm_cap"] for s in ("shared", "speech", "image")} == {"GreenContextCap"}
+        stages = ("shared", "speech", "code2wav", "image")
+        assert {info[s]["sm_cap"] for s in stages} == {"GreenContextCap"}
         trace = [
             TimedRequest(0.0, RequestSpec("speech", priority=10, downstream_tokens=400)),
             *(

@@ -1,7 +1,8 @@
 """The whole reference pipeline on CPU (tiny models): HTTP API, harness backend, shutdown.
 
-One pipeline (three spawned stage processes) serves the whole module; the last test stops it
-and checks that no stage process and no shared-memory record is left behind.
+One pipeline (four spawned stage processes: shared, speech, code2wav, image) serves the whole
+module; the last test stops it and checks that no stage process and no shared-memory record is
+left behind.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from horizonserve.runtime.engine.reference import (
     RequestSpec,
     TimedRequest,
 )
+from horizonserve.runtime.engine.reference.pipeline import UNAVAILABLE, downstream_stages
+from horizonserve.runtime.engine.reference.presets import get_preset
+from horizonserve.runtime.engine.reference.protocol import CHUNK, CODE2WAV, DONE, FIRST, Event
 from horizonserve.runtime.engine.reference.server import ApiServer
 
 
@@ -95,7 +99,7 @@ def test_healthz_and_metrics(server: ApiServer) -> None:
     status, raw = _call(server, "/healthz")
     health = json.loads(raw)
     assert status == 200 and health["ok"]
-    assert set(health["stages"]) == {"shared", "speech", "image"}
+    assert set(health["stages"]) == {"shared", "speech", "code2wav", "image"}
     assert _call(server, "/health")[0] == 200  # the operator's probe path
     _call(server, "/v1/requests", {"priority": 0, "output_tokens": 2})
     status, raw = _call(server, "/metrics")
@@ -164,6 +168,42 @@ def test_policy_switch_and_bench_trace(backend: ReferenceBackend) -> None:
     assert [r["info"]["samples"] > 0 for r in speech] == [True, True]
 
 
+def test_speech_chunks_come_from_the_code2wav_process_in_the_deploys_sizes(
+    backend: ReferenceBackend,
+) -> None:
+    pipeline = backend.pipeline
+    preset = get_preset("tiny")
+    seen: list[Event] = []
+    pipeline.on_event = seen.append
+    try:
+        handle = pipeline.submit(
+            RequestSpec("chunks", priority=10, output_tokens=2, downstream_tokens=7)
+        )
+        assert handle.wait_done(30) and handle.record.error is None
+    finally:
+        pipeline.on_event = None
+    mine = [e for e in seen if e.rid == "chunks" and e.kind in (FIRST, CHUNK, DONE)]
+    assert {e.stage for e in mine} == {CODE2WAV}
+    assert [e.kind for e in mine] == [FIRST, CHUNK, CHUNK, CHUNK, DONE]
+    spc = preset.code2wav.samples_per_code
+    samples = [e.data["samples"] for e in mine[:-1]]
+    sizes = [b - a for a, b in zip([0, *samples], samples, strict=False)]
+    first, every = preset.first_chunk, preset.code_chunk  # from the deploy description
+    assert sizes == [first * spc, every * spc, every * spc, (7 - first - 2 * every) * spc]
+    assert mine[-1].data == {"chunks": 4, "codes": 7, "samples": 7 * spc}
+    assert pipeline.stage_info["code2wav"]["params"] > 0  # a stage process of its own
+
+
+def test_the_downstream_option_runs_each_paths_whole_chain() -> None:
+    assert downstream_stages(("image", "speech")) == ("speech", "image", "code2wav")
+    assert downstream_stages(("speech", "code2wav")) == ("speech", "code2wav")
+    assert downstream_stages(("image",)) == ("image",)
+    with pytest.raises(ValueError, match="code2wav needs the speech stage"):
+        downstream_stages(("code2wav",))
+    with pytest.raises(ValueError, match="unknown stage 'talker'"):
+        downstream_stages(("talker",))
+
+
 def test_decode_probe_reports_each_sm_level(backend: ReferenceBackend) -> None:
     probe = backend.pipeline.probe_decode(batch=3, context=20, steps=4)
     assert probe["batch"] == 3 and probe["steps"] == 4
@@ -182,8 +222,9 @@ def test_abort_drops_everything_in_flight_and_the_stages_keep_serving(
     assert all(h.wait_first(30) for h in handles)  # both are now deep inside their stages
     assert pipeline.in_flight() == 2
     dropped = pipeline.abort()
-    assert set(dropped) == {"shared", "speech", "image"}
-    assert dropped["shared"] == 1 and dropped["speech"] == 1 and dropped["image"] == 0
+    assert set(dropped) == {"shared", "speech", "code2wav", "image"}
+    assert dropped["shared"] == 1 and dropped["image"] == 0
+    assert dropped["speech"] == 1 and dropped["code2wav"] == 1  # its open stream, mid-answer
     assert pipeline.in_flight() == 0
     assert [h.record.error for h in handles] == ["aborted", "aborted"]
     assert all(h.done.is_set() for h in handles)
@@ -205,12 +246,18 @@ def test_stop_leaves_no_stage_process_or_record(backend: ReferenceBackend) -> No
     pipeline = backend.pipeline
     pids = list(pipeline.stage_pids)
     record_path = pipeline._record.path if pipeline._record else None
-    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    assert len(pids) == 4 and all(_alive(p) for p in pids)
     handle = pipeline.submit(RequestSpec("last", priority=10, output_tokens=3))
     assert handle.wait_done(30)
+    # Mid-answer: chunks between the talker and code2wav when the pipeline stops.
+    talking = pipeline.submit(
+        RequestSpec("talking", priority=10, output_tokens=2, downstream_tokens=100_000)
+    )
+    assert talking.wait_first(30)
     backend.close()
+    assert talking.done.is_set() and talking.record.failure == UNAVAILABLE
     assert not any(_alive(p) for p in pids)
     assert record_path is not None and not record_path.exists()
     assert pipeline.health()["ok"] is False
     stopped = {name for name, info in pipeline.stage_info.items() if "stopped" in info}
-    assert stopped == {"shared", "speech", "image"}  # each stage left its loop by itself
+    assert stopped == {"shared", "speech", "code2wav", "image"}  # each left its loop itself

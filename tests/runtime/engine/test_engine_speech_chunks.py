@@ -1,39 +1,157 @@
-"""The speech stage's chunking rules from the deploy description (no model needed)."""
+"""The talker → code2wav split in-process (tiny models, CPU): the talker's chunks follow the
+deploy description's sizes, code2wav's batch limit and order, abort and cancel there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from horizonserve.runtime.engine.reference.batching import Sequence
-from horizonserve.runtime.engine.reference.presets import get_preset
-from horizonserve.runtime.engine.reference.stages.speech import (
-    SpeechJob,
-    SpeechStage,
+from horizonserve.runtime.downstream import Stamp  # noqa: E402
+from horizonserve.runtime.engine.reference.ar import ArExecutor  # noqa: E402
+from horizonserve.runtime.engine.reference.models import (  # noqa: E402
+    Code2Wav,
+    DecoderLM,
+    materialize,
 )
+from horizonserve.runtime.engine.reference.presets import get_preset  # noqa: E402
+from horizonserve.runtime.engine.reference.protocol import (  # noqa: E402
+    CHUNK,
+    CODE2WAV,
+    DONE,
+    FIRST,
+    CodeChunk,
+    Event,
+    Handoff,
+    WireTensor,
+)
+from horizonserve.runtime.engine.reference.stages.code2wav import Code2WavStage  # noqa: E402
+from horizonserve.runtime.engine.reference.stages.speech import SpeechStage  # noqa: E402
+
+CPU = torch.device("cpu")
+# first chunk and later chunks of different sizes, and a code2wav limit of 2 per iteration
+PRESET = replace(get_preset("tiny"), first_chunk=3, code_chunk=2, code2wav_max_batch=2)
 
 
-def _stage(limit: int) -> SpeechStage:
-    stage = SpeechStage.__new__(SpeechStage)  # the chunk bookkeeping only, no models
-    stage.vocode_max = limit
-    stage._clock = lambda: 10.0
-    return stage
+def _talker(chunks: list[CodeChunk]) -> SpeechStage:
+    torch.manual_seed(0)
+    model = materialize(lambda: DecoderLM(PRESET.talker), CPU, torch.float32)
+    talker = ArExecutor(model, PRESET.talker_limits, keep_hidden=False, graphs=False)
+    proj = materialize(
+        lambda: torch.nn.Linear(PRESET.thinker.hidden, PRESET.talker.hidden), CPU, torch.float32
+    )
+    return SpeechStage(talker, proj, PRESET, emit=lambda _ev: None, send=chunks.append)
 
 
-def _seq(rid: str, chunks: int, credit_s: float) -> Sequence:
-    job = SpeechJob(None, None)  # type: ignore[arg-type]
-    job.chunks = chunks
-    if chunks:
-        job.clock.on_chunk(10.0 - 1.0, 1.0 + credit_s)  # started 1 s ago
-    return Sequence(rid, 1, 10, job)
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
-def test_code2wav_limit_serves_first_chunks_then_the_least_credit() -> None:
-    ready = [_seq("ahead", 3, 5.0), _seq("first", 0, 0.0), _seq("behind", 2, 0.2)]
-    picked = _stage(2)._vocode_order(list(ready))
-    assert [s.rid for s in picked] == ["first", "behind"]
-    assert [s.rid for s in _stage(0)._vocode_order(list(ready))] == ["ahead", "first", "behind"]
+def _vocoder(events: list[Event], clock: Clock) -> Code2WavStage:
+    torch.manual_seed(0)
+    model = materialize(lambda: Code2Wav(PRESET.code2wav), CPU, torch.float32)
+    return Code2WavStage(model, PRESET, emit=events.append, clock=clock)
+
+
+def _handoff(rid: str, codes: int, arrival: float = 1.0) -> Handoff:
+    cond = WireTensor.of(torch.zeros(4, PRESET.thinker.hidden))
+    return Handoff(rid, arrival, cond, codes, Stamp(rid, "speech", 10, arrival, 50.0, 1.0))
+
+
+def test_talker_hands_on_a_first_chunk_then_chunks_of_the_deploys_sizes() -> None:
+    chunks: list[CodeChunk] = []
+    stage = _talker(chunks)
+    stage.submit(_handoff("a", 8))
+    stage.submit(_handoff("b", 2))  # shorter than the first chunk: one last, partial chunk
+    while not stage.idle:
+        stage.iterate()
+    a = [c for c in chunks if c.rid == "a"]
+    assert [len(c.codes) for c in a] == [3, 2, 2, 1]  # first_chunk, code_chunk ..., the rest
+    assert [c.index for c in a] == [0, 1, 2, 3] and [c.last for c in a] == [0, 0, 0, 1]
+    assert all(c.stamp is not None and c.arrival == 1.0 for c in a)
+    (b,) = [c for c in chunks if c.rid == "b"]
+    assert (b.index, len(b.codes), b.last) == (0, 2, True)
+    assert stage.last_timing[1] == 0.0  # the vocoder's part is code2wav's now
+
+
+def test_talker_playback_credit_counts_the_codes_it_handed_on() -> None:
+    chunks: list[CodeChunk] = []
+    stage = _talker(chunks)
+    stage.submit(_handoff("a", 100))
+    while len(chunks) < 2:
+        stage.iterate()
+    (seq,) = stage.batcher.running
+    handed = sum(len(c.codes) for c in chunks)
+    assert seq.payload.clock.generated_s == pytest.approx(handed / PRESET.codes_per_audio_second)
+    assert seq.payload.chunks == 2 and not seq.payload.codes  # nothing held past a chunk
+
+
+def _chunk(rid: str, index: int, n: int, last: bool = False, arrival: float = 1.0) -> CodeChunk:
+    stamp = Stamp(rid, "speech", 10, arrival, 150.0, 1.0)
+    return CodeChunk(rid, arrival, index, tuple(range(n)), last, stamp)
+
+
+def test_code2wav_serves_first_chunks_first_then_the_least_credit_within_its_limit() -> None:
+    events: list[Event] = []
+    clock = Clock()
+    stage = _vocoder(events, clock)
+    stage.submit(_chunk("ahead", 0, 6))  # two started streams, one with more audio ...
+    stage.submit(_chunk("behind", 0, 3))
+    stage.iterate()
+    assert [(e.kind, e.rid) for e in events] == [(FIRST, "ahead"), (FIRST, "behind")]
+    assert all(e.stage == CODE2WAV for e in events)
+    stage.submit(_chunk("ahead", 1, 2))
+    stage.submit(_chunk("ahead", 2, 2))
+    clock.t += 0.5
+    stage.submit(_chunk("behind", 1, 2))
+    stage.submit(_chunk("first", 0, 3))  # ... and a request still waiting for its first chunk
+    events.clear()
+    stage.iterate()
+    assert [(e.kind, e.rid) for e in events] == [(FIRST, "first"), (CHUNK, "behind")]
+    assert stage.last_timing[2] == 2 and stage.in_flight == 2  # the limit: 2 per iteration
+    events.clear()
+    stage.iterate()  # one chunk per stream and iteration: its chunks stay in order
+    assert [(e.kind, e.rid, e.data["chunk"]) for e in events] == [(CHUNK, "ahead", 2)]
+    stage.submit(_chunk("behind", 2, 1, last=True))
+    events.clear()
+    while not stage.idle:
+        stage.iterate()
+    kinds = [(e.kind, e.rid) for e in events]
+    assert kinds == [(CHUNK, "ahead"), (CHUNK, "behind"), (DONE, "behind")]
+    spc = PRESET.code2wav.samples_per_code
+    done = events[-1].data
+    assert done == {"chunks": 3, "codes": 6, "samples": 6 * spc}
+    assert events[-2].data == {"chunk": 3, "codes": 6, "samples": 6 * spc}
+
+
+def test_code2wav_reports_its_pending_first_chunks_as_slack() -> None:
+    stage = _vocoder([], Clock())
+    assert stage.min_slack() != stage.min_slack()  # NaN: nothing pending
+    stage.submit(_chunk("a", 0, 3))
+    assert stage.min_slack() > 0  # its deadline (150 s) is ahead of the clock (100 s)
+    stage.iterate()
+    stage.submit(_chunk("a", 1, 2))
+    assert stage.min_slack() != stage.min_slack()  # a later chunk is not a first output
+
+
+def test_code2wav_abort_and_cancel_drop_streams_and_their_queued_chunks() -> None:
+    events: list[Event] = []
+    stage = _vocoder(events, Clock())
+    for rid, arrival in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        stage.submit(_chunk(rid, 0, 3, arrival=arrival))
+        stage.submit(_chunk(rid, 1, 2, arrival=arrival))
+    assert stage.abort(1.5) == 1 and stage.in_flight == 4
+    assert stage.cancel((("b", 2.0), ("c", 99.0))) == 1 and stage.in_flight == 2
+    while not stage.idle:
+        stage.iterate()
+    assert {e.rid for e in events} == {"c"}
+    assert stage.counters() == {"chunks_vocoded": 2}
 
 
 def test_preset_chunk_sizes_come_from_the_deploy_description() -> None:

@@ -242,6 +242,7 @@ def test_disconnect_and_timeout_cancel_the_request_in_every_stage(
         assert rec.failure == CANCELLED and rec.error == "client disconnected"
         assert pipeline._record is not None
         _wait(lambda: pipeline._record.read_downstream(0).active == 0)  # the speech stage
+        _wait(lambda: pipeline._record.read_downstream(2).active == 0)  # code2wav
         dropped_s = time.monotonic() - t_gone
         assert dropped_s < full_s / 2, (dropped_s, full_s)  # dropped, not run to the end
         time.sleep(full_s)

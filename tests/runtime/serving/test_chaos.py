@@ -28,8 +28,8 @@ pytest.importorskip("torch")
 
 HANG_S = 1.5
 CLASSES = {"text": 0, "speech": 10, "image": 20}
-NEEDS = {"shared": set(CLASSES), "speech": {"speech"}, "image": {"image"}}
-SLOT = {"speech": 0, "image": 1}  # control-record slot of each downstream stage
+NEEDS = {"shared": set(CLASSES), "speech": {"speech"}, "code2wav": {"speech"}, "image": {"image"}}
+SLOT = {"speech": 0, "image": 1, "code2wav": 2}  # control-record slot of each downstream stage
 GROUP = 64
 RESULTS: list[dict[str, object]] = []
 
@@ -143,7 +143,7 @@ def _wait(pred, timeout: float, step: float = 0.02) -> float:  # type: ignore[no
     return time.monotonic()
 
 
-@pytest.mark.parametrize("stage", ["image", "speech", "shared"])
+@pytest.mark.parametrize("stage", ["image", "speech", "code2wav", "shared"])
 @pytest.mark.parametrize("fault", ["kill", "stop", "corrupt"])
 def test_fault_is_detected_restarted_and_isolated(
     served: Served, load: Load, stage: str, fault: str

@@ -16,6 +16,7 @@ STAGE_MODULES = {
     "shared": "horizonserve.runtime.engine.reference.stages.shared",
     "speech": "horizonserve.runtime.engine.reference.stages.speech",
     "image": "horizonserve.runtime.engine.reference.stages.image",
+    "code2wav": "horizonserve.runtime.engine.reference.stages.code2wav",
 }
 FLUSH_TIMEOUT_S = 5.0
 

@@ -163,12 +163,13 @@ class StageQueue(Generic[T]):
 
 
 def min_slack(
-    queue: StageQueue[T], started: Iterator[tuple[Stamp | None, float]], now: float
+    queue: StageQueue[T] | None, started: Iterator[tuple[Stamp | None, float]], now: float
 ) -> float:
     """The smallest slack ratio of a stage's pending first outputs: the queue's next admission
-    and each started job, given as (stamp, share of its first-output work still to do), r̂ =
-    the stamp's estimate × that share. NaN when nothing with a deadline is pending."""
-    best = queue.peek_slack()
+    (None: a stage without an admission queue) and each started job, given as (stamp, share of
+    its first-output work still to do), r̂ = the stamp's estimate × that share. NaN when
+    nothing with a deadline is pending."""
+    best = None if queue is None else queue.peek_slack()
     for stamp, left in started:
         if stamp is None:
             continue

@@ -26,17 +26,16 @@ from horizonserve.runtime.engine.reference.protocol import (
     PROBE,
     READY,
     STOPPED,
+    WORK,
     Abort,
     Cancel,
     Event,
-    Handoff,
     ProbeLoad,
     ProbeStop,
     SetPolicy,
 )
 from horizonserve.runtime.engine.reference.stages.admission import (
     DownstreamRules,
-    StageQueue,
     downstream_rules,
 )
 from horizonserve.runtime.engine.reference.stages.common import (
@@ -52,12 +51,10 @@ from horizonserve.runtime.spatial import NO_DECISION
 
 IDLE_BEAT_S = 0.1
 CANCELLED_KEPT = 1024  # cancelled ids remembered for hand-offs still on their way
-STAGE_KIND = {"speech": 1, "image": 2}  # control-record slot kind codes
+STAGE_KIND = {"speech": 1, "image": 2, "code2wav": 3}  # control-record slot kind codes
 
 
 class DownstreamStage(Protocol):
-    pending: StageQueue[Any]  # waiting jobs under the policy's admission rule
-
     @property
     def in_flight(self) -> int: ...
 
@@ -80,7 +77,8 @@ class DownstreamStage(Protocol):
         """The policy's downstream rules (admission order, yielding, late refusal)."""
         ...
 
-    # calibration: synthetic load, cancellation, last iteration's timing
+    # calibration: synthetic load, cancellation, last iteration's timing as (main part s
+    # (talker / DiT step), vocoder part s (code2wav), jobs, prompts prefilled)
     last_timing: tuple[float, float, int, int]
     emit: Any
 
@@ -192,7 +190,7 @@ class DownstreamLoop:
                 elif isinstance(msg, Cancel):
                     cancelled.extend(msg.requests)
                     stage.cancel(msg.requests)
-                elif isinstance(msg, Handoff) and (
+                elif isinstance(msg, WORK) and (
                     msg.arrival <= aborted_before or (msg.rid, msg.arrival) in cancelled
                 ):
                     continue  # its request was aborted while it was on its way

@@ -1,10 +1,13 @@
-"""Downstream speech stage: talker (AR over codec codes) + code-to-waveform, one process.
+"""Downstream speech stage: the talker, AR over codec codes; the waveform is code2wav's.
 
 The talker is prompted with the thinker's hidden states (projected to its width) and decodes
-codec codes with its own continuous batch; every `code_chunk` codes of a request become one
-waveform chunk through `Code2Wav`. A request's first chunk is its first response (TTFO).
-The stage marks how many requests it has in flight in its control-record slot and runs its
-kernels on the complementary SM count the shared stage published.
+codec codes with its own continuous batch. A request's codes leave in chunks for the code2wav
+stage (`CodeChunk`, sent as soon as a chunk is complete): the first `first_chunk` codes, then
+every `code_chunk` codes, the rest when the request is done. Its first chunk becomes the first
+response (TTFO) there. The talker's playback clock per request counts the audio it handed on
+(codes × the codec's seconds per code), which its step yielding reads. The stage marks how many
+requests it has in flight in its control-record slot and runs its kernels on the complementary
+SM count the shared stage published.
 """
 
 from __future__ import annotations
@@ -20,13 +23,11 @@ from torch import nn
 from horizonserve.runtime.downstream import PlaybackClock
 from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
-from horizonserve.runtime.engine.reference.models import Code2Wav
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import (
-    CHUNK,
-    DONE,
-    FIRST,
+    CODE2WAV,
     SPEECH,
+    CodeChunk,
     Event,
     Handoff,
 )
@@ -44,13 +45,11 @@ DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no lengt
 
 @dataclass(slots=True)
 class SpeechJob:
-    handoff: Handoff | None  # None: a synthetic calibration job
+    handoff: Handoff | None  # None: a synthetic calibration job (its chunks go nowhere)
     cond: torch.Tensor  # [L, thinker_hidden] on the device
-    codes: list[int] = field(default_factory=list)
-    emitted: int = 0  # codes already turned into waveform
-    chunks: int = 0
-    samples: int = 0
-    clock: PlaybackClock = field(default_factory=PlaybackClock)  # the stream's playback
+    codes: list[int] = field(default_factory=list)  # codes not handed on yet (< one chunk)
+    chunks: int = 0  # chunks handed on
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # audio handed on vs playback
 
 
 def _rid(seq: Sequence) -> str:
@@ -62,28 +61,28 @@ class SpeechStage:
         self,
         talker: ArExecutor,
         cond_proj: nn.Module,
-        code2wav: Code2Wav,
         preset: PipelinePreset,
         *,
         emit: Callable[[Event], None],
+        send: Callable[[CodeChunk], None],
         clock: Callable[[], float] = time.monotonic,
         rules: DownstreamRules | None = None,
     ) -> None:
         self.talker = talker
         self.cond_proj = cond_proj
-        self.code2wav = code2wav
         self.chunk = preset.code_chunk  # codes per later waveform chunk
         self.first = preset.first_chunk or preset.code_chunk  # codes in the first chunk
-        self.vocode_max = preset.code2wav_max_batch  # chunks vocoded per iteration (0: all)
         self.batcher = ContinuousBatcher(preset.talker_limits)
         self.rules = rules or DownstreamRules()
         self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock)
         self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
         self.yielded = 0  # decode steps started streams gave up to first chunks
         self.emit = emit
+        self.send = send  # a chunk to the code2wav stage
         self._clock = clock
         self._synthetic = 0
-        # Timing of the last iteration (calibration): talker part, vocoder part, chunks made.
+        # Timing of the last iteration (calibration): talker s, 0 (the vocoder's part, made by
+        # the code2wav stage), chunks handed on, prompts prefilled.
         self.last_timing: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
 
     @property
@@ -173,7 +172,7 @@ class SpeechStage:
         (share left = codes still to make for it / the chunk size)."""
         first = self.first
         started = (
-            (seq.payload.handoff.stamp, max(0, first - len(seq.payload.codes)) / first)
+            (seq.payload.handoff.stamp, (first - len(seq.payload.codes)) / first)
             for seq in self.batcher.running
             if seq.payload.handoff is not None and seq.payload.chunks == 0
         )
@@ -195,72 +194,35 @@ class SpeechStage:
         decode = self._yielding(plan)
         self.talker.decode(decode)
         t1 = time.monotonic()
-        ready: list[Sequence] = []
+        now, sent = self._clock(), 0
         for seq in plan.prefill + decode:
             job: SpeechJob = seq.payload
             job.codes.append(seq.last_token)
             size = self.first if job.chunks == 0 else self.chunk
-            if len(job.codes) - job.emitted >= size or (seq.done and job.emitted < seq.target):
-                ready.append(seq)
-        ready = self._vocode_order(ready)
-        emitted = [seq.payload.emitted for seq in ready]
-        self._vocode(ready)
-        t = self._clock()
-        for seq, before in zip(ready, emitted, strict=True):
-            job = seq.payload
-            job.clock.on_chunk(t, (job.emitted - before) * self.audio_per_code_s)
-        self.last_timing = (t1 - t0, time.monotonic() - t1, len(ready), len(plan.prefill))
-        for seq in ready:
-            job = seq.payload
-            if job.chunks == 1:
-                self.emit(Event(FIRST, STAGE, t, seq.rid, {"samples": job.samples}))
-            else:  # later chunks: streaming and the front's underrun count
-                data = {"chunk": job.chunks, "codes": job.emitted, "samples": job.samples}
-                self.emit(Event(CHUNK, STAGE, t, seq.rid, data))
+            if len(job.codes) >= size or seq.done:  # never more than a chunk is held back
+                self._hand_on(seq, job, now)
+                sent += 1
             if seq.done:
-                data = {"chunks": job.chunks, "codes": len(job.codes), "samples": job.samples}
-                self.emit(Event(DONE, STAGE, t, seq.rid, data))
                 self.batcher.finish(seq)
+        self.last_timing = (t1 - t0, 0.0, sent, len(plan.prefill))
 
-    def _vocode_order(self, ready: list[Sequence]) -> list[Sequence]:
-        """At most `code2wav_max_batch` chunks this iteration (the deploy's code2wav limit):
-        first chunks first, then the streams with the least playback credit; the rest keep
-        their codes for the next iteration."""
-        limit = self.vocode_max
-        if not limit or len(ready) <= limit:
-            return ready
-        now = self._clock()
-        ready.sort(key=lambda s: (s.payload.chunks > 0, s.payload.clock.credit(now)))
-        return ready[:limit]
-
-    def _vocode(self, ready: list[Sequence]) -> None:
-        """Turn each ready request's next chunk of codes into waveform (batched by length)."""
-        by_len: dict[int, list[Sequence]] = {}
-        for seq in ready:
-            job: SpeechJob = seq.payload
-            size = self.first if job.chunks == 0 else self.chunk
-            n = min(size, len(job.codes) - job.emitted)
-            by_len.setdefault(n, []).append(seq)
-        device = self.talker.device
-        for n, group in by_len.items():
-            codes = torch.tensor(
-                [s.payload.codes[s.payload.emitted : s.payload.emitted + n] for s in group],
-                device=device,
-            )
-            codes = codes.clamp_(0, self.code2wav.dims.codebook - 1)
-            wav = self.code2wav(codes)
-            peak = wav.abs().amax(dim=1).tolist()  # host sync: the chunk exists now
-            for s, _ in zip(group, peak, strict=True):
-                s.payload.emitted += n
-                s.payload.chunks += 1
-                s.payload.samples += wav.shape[1]
+    def _hand_on(self, seq: Sequence, job: SpeechJob, now: float) -> None:
+        """Send the job's held codes as its next chunk; its playback clock gets their audio."""
+        h = job.handoff
+        if h is not None:
+            msg = CodeChunk(seq.rid, h.arrival, job.chunks, tuple(job.codes), seq.done, h.stamp)
+            self.send(msg)
+        job.clock.on_chunk(now, len(job.codes) * self.audio_per_code_s)
+        job.chunks += 1
+        job.codes.clear()
 
 
 # -- process entry ----------------------------------------------------------------------------
 
 
-def main(cfg: Any, in_q: Any, events: Any) -> None:
-    """Process body of the speech stage (see `stages.run_stage`)."""
+def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
+    """Process body of the speech stage (see `stages.run_stage`); its chunks go to
+    `handoff_qs[CODE2WAV]`."""
     from horizonserve.runtime.engine.reference.models import DecoderLM, materialize
     from horizonserve.runtime.engine.reference.stages.downstream import DownstreamLoop
 
@@ -278,10 +240,9 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
     cond_proj = materialize(
         lambda: nn.Linear(preset.thinker.hidden, preset.talker.hidden), device, dtype
     )
-    code2wav = materialize(lambda: Code2Wav(preset.code2wav), device, dtype)
-    sink: list[Event] = []
+    sink: list[Any] = []  # warm-up events and chunks, never sent
     rules = downstream_rules(loop.config)
-    stage = SpeechStage(talker, cond_proj, code2wav, preset, emit=sink.append, rules=rules)
+    stage = SpeechStage(talker, cond_proj, preset, emit=sink.append, send=sink.append, rules=rules)
     if cfg.warmup:
         h = preset.thinker.hidden
         loop.sm.activate(None)
@@ -293,7 +254,7 @@ def main(cfg: Any, in_q: Any, events: Any) -> None:
                 stage.iterate()
             talker.precapture()
         loop.sm.activate(None)
-    stage.emit = events.put
+    stage.emit, stage.send = events.put, handoff_qs[CODE2WAV].put
     info = {
         "params": preset.talker.params(),
         "load_s": time.monotonic() - t_load,
