@@ -113,3 +113,13 @@ def test_default_ladder_is_valid_for_common_gpus() -> None:
 
 def test_pipeline_names_are_stable() -> None:
     assert PIPELINES == ("qwen2_5_omni", "mimo_audio", "bagel")
+
+
+def test_ladder_reserve_is_at_most_s_min_and_defaults_to_it() -> None:
+    from horizonserve.runtime.config import SmLadder
+
+    ladder = SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132)
+    assert ladder.s_reserve == 32
+    assert SmLadder(levels=[32, 80], aggressive=132, total=132, reserve=16).s_reserve == 16
+    with pytest.raises(ValueError, match="reserve: 40 SMs exceeds S_min 32"):
+        SmLadder(levels=[32, 80], aggressive=132, total=132, reserve=40)

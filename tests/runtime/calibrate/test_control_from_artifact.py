@@ -33,3 +33,41 @@ def test_lift_follows_the_measured_decode_curve(artifact: str, pipeline: str, li
     assert (control.backlog_lift, control.b_sat) == (lift, cal.b_sat)
     setup = SimSetup.load(pipeline, load_artifact(DATA / artifact))
     assert setup.control == control
+
+
+def _with(cal, **changes):  # noqa: ANN001, ANN202 - a PipelineCalibration with fields replaced
+    data = cal.model_dump()
+    for path, value in changes.items():
+        node = data
+        *head, last = path.split("__")
+        for key in head:
+            node = node[int(key)] if key.isdigit() else node[key]
+        node[last] = value
+    return type(cal).model_validate(data)
+
+
+def test_reserve_is_where_the_downstream_steps_fastest_within_the_decode_bound() -> None:
+    cal = load_artifact(DATA / "h200-measured.json").pipeline("bagel")
+    assert cal.reserve_choice() == 16 == cal.ladder.s_reserve  # the artifact holds the choice
+    # The DiT steps fastest beside a 16-SM thinker (77.6 against 86.2 ms at S_min 32) …
+    d, s = cal.downstream[0], cal.shared
+    at = {c: d.step_s.at(132 - c) * d.corun_factor.at(c) for c in (16, 24, 32)}
+    assert min(at, key=at.get) == 16
+    # … but not once the thinker's decode there exceeds 3× its best: the next count wins.
+    slow = list(s.decode_step_s.values)
+    slow[0] = 4 * min(slow)  # 16 SMs
+    assert _with(cal, shared__decode_step_s__values=slow).reserve_choice() == 24
+
+
+def test_reservation_pays_where_mps_would_starve_the_shared_stage() -> None:
+    measured = load_artifact(DATA / "h200-measured.json")
+    bagel, qwen = measured.pipeline("bagel"), measured.pipeline("qwen2_5_omni")
+    # Beside the DiT, MPS costs the thinker ×6.3: the shared side cannot be left to MPS.
+    assert bagel.reservation_pays() and bagel.control().reservation_pays
+    # Beside the talker MPS costs the thinker ×1.14, and the two sides lose less together
+    # under MPS than on the reservation: the urgent downstream side is left to MPS.
+    assert not qwen.reservation_pays() and not qwen.control().reservation_pays
+    # The same BAGEL entry with an MPS that barely slows the thinker: the sum decides, and
+    # the DiT's own 25 % loss on the reservation makes MPS the better choice.
+    mild = _with(bagel, sharing__mps_shared_excess=0.05)
+    assert not mild.reservation_pays()

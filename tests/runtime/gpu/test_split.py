@@ -59,3 +59,15 @@ def test_fallback_snaps_down_to_a_context_and_never_takes_more(sms: int) -> None
         else:
             assert got in ladder.contexts
             assert got <= sms or got == ladder.contexts[0]
+
+
+def test_the_reservation_has_its_own_contexts_and_runs_on_them() -> None:
+    reserved = LADDER.model_copy(update={"reserve": 16})
+    shared = StageLadder.open(Role.SHARED, reserved)
+    down = StageLadder.open(Role.DOWNSTREAM, reserved)
+    assert 16 in shared.contexts and 116 in down.contexts
+    assert shared.sms_for(Level.RESERVED, 16, 116) == 16
+    assert down.sms_for(Level.RESERVED, 16, 116) == 116  # the headroom, not the guarantee
+    assert level_name(Level.RESERVED) == "reserved"
+    # Without a calibrated reserve the reservation is S_min, whose contexts exist anyway.
+    assert StageLadder.open(Role.SHARED, LADDER).contexts == (32, 48, 64, 80, 120)
