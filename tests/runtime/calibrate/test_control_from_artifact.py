@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.calibrate.artifact import PipelineCalibration, load_artifact
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
 
@@ -35,7 +35,8 @@ def test_lift_follows_the_measured_decode_curve(artifact: str, pipeline: str, li
     assert setup.control == control
 
 
-def _with(cal, **changes):  # noqa: ANN001, ANN202 - a PipelineCalibration with fields replaced
+def _with(cal: PipelineCalibration, **changes: object) -> PipelineCalibration:
+    """`cal` with the fields at `a__b__0__c` paths replaced."""
     data = cal.model_dump()
     for path, value in changes.items():
         node = data
