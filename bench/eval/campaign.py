@@ -696,7 +696,18 @@ def env_info(device: str) -> dict[str, Any]:
         info["git"] = rev.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         info["git"] = None
+    # The device may run a copy whose HEAD is not the tree it runs: the sources' own digest.
+    info["runtime_sha256"] = runtime_digest()
     return info
+
+
+def runtime_digest() -> str:
+    """sha256 over runtime/**/*.py (path and content, sorted): which code an item ran."""
+    root = Path(__file__).resolve().parents[2] / "runtime"
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
