@@ -31,7 +31,7 @@ from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.downstream import AdmissionQueue, make_queue
 from horizonserve.runtime.preemption import choose_victim
 from horizonserve.runtime.profiler import InputFeatures, RequestProfiler, RequestSignals
-from horizonserve.runtime.spatial import RESERVED, SmDecision, SpatialController, UncappedSpatial
+from horizonserve.runtime.spatial import SmDecision, SpatialController, UncappedSpatial
 from horizonserve.runtime.temporal import StepView, TemporalScheduler
 
 T = TypeVar("T")
@@ -214,12 +214,9 @@ class SchedulingPolicy:
     def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:
         """SMs for the prefill of the prompts a step admitted (after `step`, once the batch is
         formed): `sm.prefill` when one of them is urgent — short-path (its prefill produces the
-        first response) or protected by now — else the step's cap `sm.shared`. On the
-        reservation every prefill gets `sm.prefill`: the reserve is a few SMs, and a prompt
-        prefilled on them holds the shared stage long enough (an input image's 1,040 tokens:
-        about 200 ms on 16 SMs of the H200) for short-path arrivals to miss behind it."""
-        if sm.prefill == sm.shared or sm.level == RESERVED:
-            return sm.prefill
+        first response) or protected by now — else the step's cap `sm.shared`."""
+        if sm.prefill == sm.shared:
+            return sm.shared
         for sig in prompts:
             if not sig.long_path or now > sig.protect_at:
                 return sm.prefill
