@@ -350,8 +350,18 @@ def _pipeline(
                 f_mps_down = mco[total] / al[total]
         ds_info[d["name"]] = {"alone_s": al, "batch": nb}
     for d in downs:
-        for k in ("work_fixed", "work_per_audio_second", "work_per_input_image",
-                  "first_output_work", "max_batch"):  # fmt: skip
+        facts = ["work_fixed", "work_per_audio_second", "work_per_input_image",
+                 "first_output_work", "max_batch"]  # fmt: skip
+        if d["name"] == "diffusion":  # the engine's own step count, not the model card's
+            from horizonserve.runtime.engine.reference.presets import get_preset
+
+            steps = get_preset(raw["options"]["preset"]).dit.steps
+            d["work_fixed"], d["work_per_input_image"] = float(steps), 0.0
+            how = f"reference engine: {steps} denoising steps per image, input images add none"
+            for k in ("work_fixed", "work_per_input_image"):
+                notes[f"downstream.diffusion.{k}"] = f"engine setting: {how}"
+                facts.remove(k)
+        for k in facts:
             notes.carried(f"downstream.{d['name']}.{k}", "model facts")
     # -- sharing ---------------------------------------------------------------------------------
     sharing = tpl.sharing.model_dump()
