@@ -242,9 +242,10 @@ def test_random_talker_load_with_aborts_loses_nothing(stage, clock, seed):
 def test_downstream_slack_reaches_the_shared_stage_split(stage, build, clock):
     """The talker publishes the smallest slack ratio of a first output pending there (its
     slot of the control record); the shared stage's slack split reads it: a more urgent
-    downstream side gets the SMs (S_min for the shared stage, the reservation), a more urgent
-    shared side keeps Eq. (1)'s cap."""
+    downstream side gets the SMs (the reservation: the shared stage on the ladder's reserve),
+    a more urgent shared side keeps Eq. (1)'s cap."""
     from horizonserve.runtime.engine.vllm_omni import shared
+    from horizonserve.runtime.spatial import Level
 
     talker, config = stage("talker", max_num_seqs=1)
     arrive(talker, config, clock, [("A", 0.0)], max_tokens=50)
@@ -257,8 +258,8 @@ def test_downstream_slack_reaches_the_shared_stage_split(stage, build, clock):
     )
     thinker, _ = build(max_num_seqs=8)
     run_step(thinker)  # nothing pending on the shared side: the downstream side is first
-    assert thinker.horizon.last_decision.sm.level == 0
-    assert record.read_decision().shared_sms == config.ladder.levels[0]
+    assert thinker.horizon.last_decision.sm.level == Level.RESERVED
+    assert record.read_decision().shared_sms == config.ladder.s_reserve
     thinker.add_request(stamped(config, "S0", 8, 0, clock.now_ns - 95_000_000))  # protected
     run_step(thinker)
     assert thinker.horizon.last_decision.sm.level == 3  # Eq. (1) at unknown pressure: S_cap
