@@ -27,6 +27,7 @@ from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM, pipeline
 from horizonserve.runtime.calibrate.stats import quantile_ci
 from horizonserve.runtime.config import SmLadder, default_ladder
 from horizonserve.runtime.engine.deploy import load_deploy
+from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import CODE2WAV
 
 CARRIED = f"carried over from {ESTIMATE_ARTIFACT} (estimate)"
@@ -310,8 +311,6 @@ def _pipeline(
             frac = d["batch_frac"]  # measured at batch 1 only (the DiT stage runs batch 1)
         unit = 1.0
         if kind == "chunk":  # the template's step is 1 s of audio; ours is code_chunk codes
-            from horizonserve.runtime.engine.reference.presets import get_preset
-
             pr = get_preset(raw["options"]["preset"])
             unit = pr.codes_per_audio_second / pr.code_chunk
         steps = {s: unit * v / (1 + frac * (nb - 1)) for s, v in al.items()}
@@ -353,8 +352,6 @@ def _pipeline(
         facts = ["work_fixed", "work_per_audio_second", "work_per_input_image",
                  "first_output_work", "max_batch"]  # fmt: skip
         if d["name"] == "diffusion":  # the engine's own step count, not the model card's
-            from horizonserve.runtime.engine.reference.presets import get_preset
-
             steps = get_preset(raw["options"]["preset"]).dit.steps
             d["work_fixed"], d["work_per_input_image"] = float(steps), 0.0
             how = f"reference engine: {steps} denoising steps per image, input images add none"
