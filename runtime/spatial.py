@@ -64,6 +64,12 @@ AGGRESSIVE, UNCAPPED, LIFTED, OPEN = Level.AGGRESSIVE, Level.UNCAPPED, Level.LIF
 RESERVED = Level.RESERVED
 
 
+def partitioned(level: int) -> bool:
+    """The shared stage co-runs on its own Green Context, disjoint from the downstream's: a
+    ladder index or the reservation."""
+    return level >= 0 or level == RESERVED
+
+
 @dataclass(slots=True, frozen=True)
 class SmDecision:
     shared: int  # SMs the shared stage may use this step
@@ -185,8 +191,7 @@ class SpatialController:
 
     def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
         ladder = self._ladder
-        boost = self._boost and (level >= 0 or level == RESERVED)
-        prefill = ladder.aggressive if boost else shared
+        prefill = ladder.aggressive if self._boost and partitioned(level) else shared
         down = ladder.total if level == OPEN else ladder.headroom(shared)
         d = SmDecision(shared, down, level, changed, prefill)
         self._prev = d

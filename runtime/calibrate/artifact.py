@@ -264,7 +264,7 @@ class PipelineCalibration(_Model):
         larger count). Measured H200, BAGEL: 16 SMs (DiT step 77.6 ms on 116 SMs against
         86.2 ms on 100, thinker decode 15.1 ms against a best of 6.2)."""
         s, d, ladder = self.shared, self.downstream[0], self.ladder
-        bound = RESERVE_DECODE_TOL * min(s.decode_step_s.values)
+        bound = self._reserve_decode_bound()
         swept = sorted({*s.corun_decode_factor.sms, ladder.s_min})
         fits = [
             c
@@ -276,6 +276,10 @@ class PipelineCalibration(_Model):
             return d.step_s.at(ladder.headroom(c)) * d.corun_factor.at(c)
 
         return min(fits or [ladder.s_min], key=lambda c: (downstream_step(c), -c))
+
+    def _reserve_decode_bound(self) -> float:
+        """The slowest co-running decode step the reservation may leave the shared stage."""
+        return RESERVE_DECODE_TOL * min(self.shared.decode_step_s.values)
 
     def reservation_pays(self) -> bool:
         """Whether an urgent downstream side is better served by the reservation (the shared
@@ -292,7 +296,7 @@ class PipelineCalibration(_Model):
         reserve, total = ladder.s_reserve, ladder.total
         alone_s, alone_d = s.decode_step_s.at(total), d.step_s.at(total)
         shared_open = self.sharing.mps_shared_factor(s.corun_decode_factor.at(total))
-        if alone_s * shared_open > RESERVE_DECODE_TOL * min(s.decode_step_s.values):
+        if alone_s * shared_open > self._reserve_decode_bound():
             return True
         reserved = s.decode_step_s.at(reserve) * s.corun_decode_factor.at(reserve) / alone_s + (
             d.step_s.at(ladder.headroom(reserve)) * d.corun_factor.at(reserve) / alone_d

@@ -51,9 +51,9 @@ from horizonserve.runtime.spatial import (
     AGGRESSIVE,
     LIFTED,
     OPEN,
-    RESERVED,
     UNCAPPED,
     SmDecision,
+    partitioned,
 )
 from horizonserve.runtime.workload import Trace
 
@@ -262,7 +262,7 @@ class Simulator:
         )
         sm = dec.sm
         level = sm.level
-        if level >= AGGRESSIVE or level == RESERVED:  # a partition (or nothing co-running)
+        if level == AGGRESSIVE or partitioned(level):  # nothing co-running, or a partition
             sms, down, sharing = sm.shared, sm.downstream, _PARTITION
         elif level == UNCAPPED:
             sms, down, sharing = self.total_sms, self.total_sms, self.uncapped_sharing
