@@ -47,13 +47,19 @@ LATE_REASON = (
 
 
 def refuse_late(
-    queue: StageQueue[T], rules: DownstreamRules, stage: str, rid: Callable[[T], str], emit: Any
+    queue: StageQueue[T],
+    rules: DownstreamRules,
+    stage: str,
+    rid: Callable[[T], str],
+    emit: Any,
+    first_s: Callable[[T], float] | None = None,
 ) -> int:
-    """Under `reject_late`: drop the queued jobs that can no longer meet their deadline, each
-    answered with an ERROR event whose message the client gets; returns how many."""
+    """Under `reject_late`: drop the queued jobs that can no longer meet their deadline (by
+    `first_s` where the stage measures its own service time), each answered with an ERROR
+    event whose message the client gets; returns how many."""
     if not rules.reject_late or not queue:
         return 0
-    gone = queue.expired()
+    gone = queue.expired(first_s)
     for job in gone:
         emit(
             Event(
@@ -118,14 +124,15 @@ class StageQueue(Generic[T]):
             else:
                 self._q.push(entry, stamp, stamp.downstream_s)
 
-    def expired(self) -> list[T]:
+    def expired(self, first_s: Callable[[T], float] | None = None) -> list[T]:
         """Remove and return the queued jobs that can no longer meet their deadline (for a
         policy that refuses them: `reject_late`); the rest stay queued in order."""
         now = self._clock()
         gone: list[T] = []
         for entry in self._drain():
             item, stamp = entry
-            if now > stamp.deadline - stamp.downstream_s:
+            first = stamp.downstream_s if first_s is None else first_s(item)
+            if now > stamp.deadline - first:
                 gone.append(item)
             else:
                 self._q.push(entry, stamp, stamp.downstream_s)

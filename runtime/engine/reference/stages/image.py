@@ -5,10 +5,14 @@ Each request is a latent of `patch_tokens` patches, conditioned on the thinker's
 update) for up to `dit_max_batch` images, each at its own step; new images join at any
 iteration. After its last step an image goes through the latent decoder: the finished image
 is the first (and only) response (end-to-end latency).
+
+Under downstream control the batch is admitted by `runtime.batch_admission`: the stage measures
+its own step time per batch size and chooses each step's batch by it (see that module).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from horizonserve.runtime.batch_admission import StepTimes, Work, choose_batch
 from horizonserve.runtime.downstream import Stamp
 from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
@@ -47,6 +52,11 @@ def _rid(job: ImageJob) -> str:
     return job.rid
 
 
+def _work(job: ImageJob) -> Work:
+    deadline = job.stamp.deadline if job.stamp is not None else math.inf
+    return Work(deadline, job.steps - job.done_steps)
+
+
 class ImageStage:
     def __init__(
         self,
@@ -70,6 +80,8 @@ class ImageStage:
         self.emit = emit
         self._clock = clock
         self._synthetic = 0
+        self.times: StepTimes | None = None  # measured step time per batch (from the first stamp)
+        self.paused = 0  # in-service jobs left out of a step's batch (back in the queue)
         self.last_timing: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
 
     def add_synthetic(self, n: int) -> None:
@@ -117,11 +129,13 @@ class ImageStage:
         x = torch.randn(d.patch_tokens, d.latent_channels, device=self.device, dtype=self.dtype)
         steps = msg.target if msg.target else d.steps
         job = ImageJob(msg.rid, cond, x, max(1, steps), msg.arrival, stamp=msg.stamp)
+        if self.times is None and msg.stamp is not None and msg.stamp.downstream_s > 0:
+            self.times = StepTimes(msg.stamp.downstream_s / job.steps)  # prior: the solo step
         self.pending.append(job, msg.stamp)
 
     def counters(self) -> dict[str, int]:
-        """Admissions past the point where the deadline could be met."""
-        return {"late_admitted": self.pending.late}
+        """Admissions past the point where the deadline could be met, and jobs paused."""
+        return {"late_admitted": self.pending.late, "paused": self.paused}
 
     def configure(self, rules: DownstreamRules) -> None:
         """The policy's rules (no streams here: nothing yields)."""
@@ -137,16 +151,50 @@ class ImageStage:
     def iterate(self) -> None:
         n = min(self.max_batch, len(self.active) + len(self.pending))
         t0 = time.monotonic()
-        self._iterate()
-        self.last_timing = (time.monotonic() - t0, 0.0, n, 0)
+        ran, finished = self._iterate()
+        dt = time.monotonic() - t0
+        if self.times is not None and not finished:  # a finishing step also runs the decoder
+            self.times.observe(ran, dt)
+        self.last_timing = (dt, 0.0, n, 0)
 
-    def _iterate(self) -> None:
-        refuse_late(self.pending, self.rules, STAGE, _rid, self.emit)
-        while self.pending and len(self.active) < self.max_batch:
-            self.active.append(self.pending.popleft())
+    def _admit(self) -> None:
+        """Set the batch for the next step: by measured batch time under downstream control
+        (`choose_batch`, over the jobs in service and the queued ones), else topped up to
+        `max_batch` in queue order."""
+        times = self.times if self.rules.slack else None
+        if times is None:
+            refuse_late(self.pending, self.rules, STAGE, _rid, self.emit)
+            while self.pending and len(self.active) < self.max_batch:
+                self.active.append(self.pending.popleft())
+            return
+        refuse_late(
+            self.pending,
+            self.rules,
+            STAGE,
+            _rid,
+            self.emit,
+            lambda j: (j.steps - j.done_steps) * times.at(1),  # late even alone
+        )
+        queued = list(self.pending)
+        pool = self.active + queued
+        chosen = [
+            pool[i]
+            for i in choose_batch([_work(j) for j in pool], self._clock(), times, self.max_batch)
+        ]
+        ids = {id(j) for j in chosen}
+        for job in self.active:
+            if id(job) not in ids:  # paused: back to the queue with its progress
+                self.pending.append(job, job.stamp)
+                self.paused += 1
+        self.pending.take([j for j in queued if id(j) in ids])
+        self.active = chosen
+
+    def _iterate(self) -> tuple[int, bool]:
+        """One denoising step; returns the batch size run and whether an image finished."""
+        self._admit()
         jobs = self.active
         if not jobs:
-            return  # every queued request was refused as late
+            return 0, False  # every queued request was refused as late
         x = torch.stack([j.x for j in jobs])
         t = torch.tensor([1.0 - j.done_steps / j.steps for j in jobs], device=self.device)
         dt = torch.tensor([1.0 / j.steps for j in jobs], device=self.device, dtype=self.dtype)
@@ -171,6 +219,7 @@ class ImageStage:
             self.active = [j for j in jobs if j.done_steps < j.steps]
         else:
             x.view(-1)[0].item()  # host sync per step keeps the step time honest
+        return len(jobs), bool(finished)
 
 
 # -- process entry ----------------------------------------------------------------------------
