@@ -115,14 +115,14 @@ def tiers(
 ) -> list[tuple[int, str, float, float | None, str, int]]:
     """(tier, point id, rate, long share, system, rep) for the whole campaign, by priority.
 
-    1: the five main systems at the stressed rate; HorizonServe and EDF-MPS at the
+    1: the main systems at the stressed rate; HorizonServe, EDF-MPS and Priority at the
        downstream-heavy point (stress_long at long_rate).
     2: the ablations at the stressed rate; the other baselines at the heavy point; the main
        systems at the long sweep's rate with the default mix.
     3: rates above the stressed one; a HorizonServe repeat at the stressed rate (spread).
     4: the rest of the long-path sweep.  5: the remaining rates; ablations at the long rate.
-    6: ablations and a HorizonServe repeat at the heavy point, repeats of the MPS baselines at
-       the stressed rate.  7: ablations at the remaining rates.
+    6: ablations and a HorizonServe repeat at the heavy point, repeats of the MPS baselines and
+       Priority at the stressed rate.  7: ablations at the remaining rates.
     """
     out: list[tuple[int, str, float, float | None, str, int]] = []
     s_id = _point_id(stress_rate, None)
@@ -135,9 +135,9 @@ def tiers(
                 out.append((tier, pid, rate, lr, s, rep))
 
     add(1, stress_rate, None, MAIN)
-    add(1, long_rate, stress_long, ("horizon", "edf-mps"))
+    add(1, long_rate, stress_long, ("horizon", "edf-mps", "priority"))
     add(2, stress_rate, None, ABLATIONS)
-    add(2, long_rate, stress_long, ("mps", "fcfs", "edf"))
+    add(2, long_rate, stress_long, ("mps", "fcfs", "edf", "priority-mps"))
     add(2, long_rate, None, MAIN)
     add(3, stress_rate, None, ("horizon",), rep=2)
     others = [r for r in sorted(rates, reverse=True) if _point_id(r, None) not in (s_id, l_id)]
@@ -152,7 +152,7 @@ def tiers(
     add(5, long_rate, None, ABLATIONS)
     add(6, long_rate, stress_long, ABLATIONS)
     add(6, long_rate, stress_long, ("horizon",), rep=2)
-    add(6, stress_rate, None, ("mps", "edf-mps"), rep=2)
+    add(6, stress_rate, None, ("mps", "edf-mps", "priority"), rep=2)
     for r in others:
         add(7, r, None, ABLATIONS)
     return out
