@@ -37,7 +37,7 @@ class Work:
     """What admission needs of one job: its absolute deadline and the steps it has left."""
 
     deadline: float
-    steps_left: int
+    steps_left: float  # whole steps in the engine; the fluid simulator has fractions
 
 
 class StepTimes:

@@ -303,13 +303,29 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
+WARMUP_FRACTION = 0.1  # the steady-state figures leave out arrivals in a point's first 10 %
+
+
 def item_summary(
     records: list[dict[str, Any]], steps: list[list[Any]], cols: list[str], span_s: float
 ) -> dict[str, Any]:
-    """Attainment, per-class p50/p95 (unanswered = +inf), shared-stage TPOT, step statistics."""
+    """Attainment (whole point, and steady state: arrivals after the warm-up window), per-class
+    p50/p95 (unanswered = +inf), shared-stage TPOT, step statistics."""
     out: dict[str, Any] = {"requests": len(records)}
     met = [bool(r["slo_met"]) for r in records]
     out["attainment"] = sum(met) / len(met) if met else None
+    warm = WARMUP_FRACTION * span_s
+    steady = [r for r in records if r.get("arrival_offset_s", 0.0) >= warm]
+    out["warmup_s"] = warm
+    out["steady_requests"] = len(steady)
+    out["steady_attainment"] = (
+        sum(1 for r in steady if r["slo_met"]) / len(steady) if steady else None
+    )
+    for kind in ("short", "long"):
+        rs = [r for r in steady if r["path"] == kind]
+        out[f"steady_{kind}_attainment"] = (
+            sum(1 for r in rs if r["slo_met"]) / len(rs) if rs else None
+        )
     answered = [r for r in records if r["first_response_s"] is not None]
     out["answered"] = len(answered)
     out["attainment_answered"] = (

@@ -4,7 +4,6 @@ the reference image stage driving it on CPU (tiny DiT, a controlled clock)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -106,7 +105,6 @@ from horizonserve.runtime.engine.reference.models import DiT, materialize  # noq
 from horizonserve.runtime.engine.reference.presets import get_preset  # noqa: E402
 from horizonserve.runtime.engine.reference.protocol import (  # noqa: E402
     FIRST,
-    Event,
     Handoff,
     WireTensor,
 )
