@@ -85,10 +85,13 @@ class SharedStageCalibration(_Model):
 
     Iteration time alone at s SMs:
         decode_step_s(s) · (1 + k(s) · (decode_seq_frac · (rows − 1) + decode_ctx_frac · cached))
-        + prefill_token_s(s) · prefill tokens
+        + prefill_call_s + prefill_token_s(s) · prefill tokens   (the last two: with a prefill)
     k(s) = decode_slope_scale(s) (1 when absent): the batch/context slope at s SMs relative to
     the whole GPU, where the fractions are measured. rows = seqs, or with CUDA graphs the
-    captured batch size that holds them (`graph_batch_sizes`: the engine pads to it).
+    captured batch size that holds them (`graph_batch_sizes`: the engine pads to it). Prefill
+    tokens are padded when `prefill_buckets` is set (every prompt at the batch's longest one,
+    rounded up to a bucket); with `prefill_then_decode` the decode term counts only the
+    sequences already running (none: no decode term).
     While a downstream stage co-runs, the first term is multiplied by corun_decode_factor(s) and
     the second by corun_prefill_factor(s): measured with the shared stage capped at s SMs and the
     downstream stage on the complementary S_tot − s (at s = S_tot: both on the whole GPU).
@@ -105,6 +108,27 @@ class SharedStageCalibration(_Model):
     )
     graph_batch_sizes: list[int] | None = Field(
         None, description="Decode batch sizes captured as CUDA graphs (None: eager, no padding)."
+    )
+    prefill_buckets: list[int] | None = Field(
+        None,
+        description="Prompt lengths the engine pads a prefill to: every prompt of the batch runs "
+        "at the batch's longest one, rounded up to the next length listed (the reference engine "
+        "on CUDA). None: prompts run at their own length.",
+    )
+    prefill_call_s: float = Field(
+        0.0,
+        ge=0,
+        description="Fixed seconds of one prefill call at any SM count, stage alone (launch-"
+        "bound eager prefill), on top of prefill_token_s per token; co-running slows it as "
+        "it slows the tokens.",
+    )
+    prefill_then_decode: bool = Field(
+        False,
+        description="The engine runs an iteration as two calls, the new prompts' prefill and "
+        "then one decode step of the sequences already running (the reference engine): a "
+        "prompt's first token comes when the prefill ends, and an iteration without running "
+        "sequences has no decode step. False: one forward pass over both, the first token "
+        "when it ends (vLLM).",
     )
     sm_switch_s: float = Field(5e-6, ge=0, description="Cost of changing the SM cap.")
     max_num_seqs: int = Field(gt=0, description="Engine limit: sequences per iteration.")
@@ -151,6 +175,9 @@ class DownstreamStageCalibration(_Model):
     )
 
 
+MPS_DECODE_ROWS = 8  # decode rows of the calibration's co-running decode probe (measure.py)
+
+
 class SharingCalibration(_Model):
     """Co-running without HorizonServe's SM partition (the baselines' GPU sharing).
 
@@ -164,10 +191,36 @@ class SharingCalibration(_Model):
     timeslice_downstream_factor: float = Field(ge=1)
     mps_shared_excess: float = Field(ge=0, le=50)
     mps_downstream_factor: float = Field(ge=1)
+    boost_prefill_excess: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of the MPS prefill excess an urgent prefill pays when it runs on "
+        "S_aggr over a partitioned downstream stage's SMs (the prefill boost): it keeps its "
+        "own partition's SMs, so it overlaps the co-runner less than on the whole GPU. "
+        "1: as if fully overlapped.",
+    )
+
+    mps_decode_rows_frac: float = Field(
+        0.0,
+        ge=0,
+        description="Growth of the shared stage's MPS decode excess per decode row beyond the "
+        "8 rows it was measured with (excess × (1 + frac · (rows − 8)), at least 0): the "
+        "co-runner takes SM time in proportion to the step's work. 0: the same at any batch.",
+    )
 
     def mps_shared_factor(self, full_factor: float) -> float:
         """The shared stage's co-run slowdown under MPS, from its partition factor at S_tot."""
         return 1.0 + self.mps_shared_excess * (full_factor - 1.0)
+
+    def mps_decode_factor(self, full_factor: float, rows: int) -> float:
+        """The MPS decode slowdown of a step of `rows` rows (`mps_decode_rows_frac`)."""
+        grow = max(0.0, 1.0 + self.mps_decode_rows_frac * (rows - MPS_DECODE_ROWS))
+        return 1.0 + (self.mps_shared_factor(full_factor) - 1.0) * grow
+
+    def boost_prefill_factor(self, full_factor: float) -> float:
+        """A boosted prefill's co-run slowdown: `boost_prefill_excess` of the MPS excess."""
+        return 1.0 + self.boost_prefill_excess * (self.mps_shared_factor(full_factor) - 1.0)
 
 
 class PressureCalibration(_Model):
@@ -203,6 +256,13 @@ class FitProvenance(_Model):
     mae_out_pp: float | None = None
     largest_miss: str = Field(description="The item with the largest |residual|.")
     note: str = ""
+    engine: str | None = Field(
+        None,
+        description="How the replay modelled the campaign's engine: 'reference' (the reference "
+        "engine's limits and step rules, the controller's class table as the plan recorded "
+        "it: `sim.fit.reference_engine`); None: the deploy file's limits and the class "
+        "profiles derived from the entry.",
+    )
 
 
 class PipelineCalibration(_Model):

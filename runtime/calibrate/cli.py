@@ -19,7 +19,9 @@ is removed once the artifact is written.
     horizonserve calibrate fit --records RUN --out ARTIFACT [--holdout-points r10,r6-l60]
 
 `fit` fits the contention factors the calibration cannot isolate to a measured campaign
-(`horizonserve.runtime.sim.fit`) and writes a new artifact version with its provenance.
+(`horizonserve.runtime.sim.fit`) and writes a new artifact version with its provenance;
+`--engine reference --step-constants` replays the reference engine as the campaign ran it and
+first reads the step costs the calibration does not measure from the fit points' step rows.
 """
 
 from __future__ import annotations

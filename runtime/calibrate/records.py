@@ -60,6 +60,7 @@ class MeasuredItem:
     long_attainment: float | None
     reps: tuple[float, ...]  # attainment of each repetition
     sessions: tuple[str, ...]
+    item_ids: tuple[str, ...] = ()  # each repetition's item id in its session
 
     @property
     def key(self) -> str:
@@ -78,6 +79,11 @@ class Campaign:
     warmup_s: float = 0.0
     superseded: list[str] = field(default_factory=list)
     control: dict[str, Any] = field(default_factory=dict)  # the plan's recorded control knobs
+    # The SLO table the campaign's controller ran (the plan's serving config: each class's SLO,
+    # priority and the profile behind its r̂), and the engine preset / deploy profile it ran.
+    serving_slo: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+    profile: str | None = None
 
 
 def _share(records: list[dict[str, Any]], path: str | None) -> float | None:
@@ -109,9 +115,11 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
                 superseded.append(f"{item_id} ({chosen[item_id][0]} → {sdir.name})")
             chosen[item_id] = (sdir.name, recs[item_id], meta)
     groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
-    for session, recs, meta in chosen.values():
+    ids: dict[str, list[str]] = {}
+    for item_id, (session, recs, meta) in chosen.items():
         kept = [r for r in recs if r.get("arrival_offset_s", 0.0) >= warmup_s]
         groups.setdefault(f"{meta['point']}/{meta['system']}", []).append((session, kept))
+        ids.setdefault(f"{meta['point']}/{meta['system']}", []).append(item_id)
     items: dict[str, MeasuredItem] = {}
     for key, reps in sorted(groups.items()):
         point, system = key.split("/", 1)
@@ -132,6 +140,7 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
             long_attainment=mean("long"),
             reps=tuple(att_ok),
             sessions=tuple(s for s, _r in reps),
+            item_ids=tuple(ids[key]),
         )
     points = {
         pid: CampaignPoint(
@@ -155,4 +164,18 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
         warmup_s=warmup_s,
         superseded=superseded,
         control=dict(plan["serving_config"].get("control", {})),
+        serving_slo=dict(plan["serving_config"]["slo"]),
+        preset=plan.get("preset"),
+        profile=plan.get("profile"),
     )
+
+
+def read_steps(campaign: Campaign, key: str) -> list[dict[str, Any]]:
+    """The shared stage's per-step rows of item `key` (point/system), one member of
+    `steps.jsonl.gz` per repetition: {"item", "columns", "rows"} (the engine's step trace)."""
+    it = campaign.items[key]
+    out = []
+    for session, item_id in zip(it.sessions, it.item_ids, strict=True):
+        members = read_members(Path(campaign.path) / session / "steps.jsonl.gz")
+        out.extend(m for m in members if m.get("item") == item_id)
+    return out

@@ -1,6 +1,6 @@
 """Downstream stage processes (talker, code2wav, diffusion …) as fluid batch servers.
 
-A stage serves up to `max_batch` jobs at once (continuous batching, FIFO admission); each step
+A stage serves up to `max_batch` jobs at once (continuous batching, admission below); each step
 advances every job in service by one unit of work, and a step takes
 `DownstreamCost.step_s(jobs, SMs, shared busy, …)`. Between changes of those conditions the
 stage progresses at a constant rate, so instead of one event per step the stage keeps a virtual
@@ -16,9 +16,25 @@ non-last job completes, the rest of the request's work goes to the next stage as
 
 Admission is the policy's (`SchedulingPolicy.downstream_queue`, the control core's queue): head
 jobs wait in it (slack order under HorizonServe, FIFO for the baselines); tail jobs carry a
-stream that has already started, so they go first, in arrival order. Under downstream control a
-streaming stage also stops admitting head jobs at its real-time stream capacity
-(`realtime_streams`).
+stream that has already started, so they go first, in arrival order. A free place is filled in
+queue order. Under downstream control a streaming stage also stops admitting head jobs at its
+real-time stream capacity (`realtime_streams`).
+
+Batch choice under downstream control (`runtime.batch_admission`, the rule of the reference
+image stage). At the chain's last stage when its first output is its completion (the image
+generator: no `first_output_work`, not streaming) and its queue is slack-ordered (the policy's
+downstream control), the stage does not fill free places in queue order: `choose_batch` picks
+which jobs run, from the jobs in service and the queued ones alike, whenever the set can change
+(a job arrives or finishes), whenever the conditions re-rate the stage, and at a re-rate one
+step of the batch after the last choice (the engine chooses before every step; the fluid stage
+re-chooses at events only). Its step time per batch size (`StepTimes`) is fed, at each choice,
+the cost model's `step_s(b, …)` for b = 1 … max_batch under the current conditions, as the
+engine feeds it the steps it measures. A job left out is paused: back in the queue with its
+done work kept (done = v − v0 on pausing, v0 = v − done on resuming); the heap holds the
+batch's completions only and is rebuilt whenever the batch changes, so a paused job fires no
+milestone. Nothing is lost: the choice is non-empty whenever there is a job, and a late job
+still runs whenever it makes no job on time late. Late admissions count a job's first start
+only; `paused` counts the pauses. The baselines (FIFO queue) and the other stages keep filling.
 
 Playback (streaming stages, `work_per_audio_second` > 0): a job's audio is produced at the
 stage's step rate, `work_per_audio_second` steps per second of audio; from its first chunk on,
@@ -34,7 +50,8 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 
-from horizonserve.runtime.downstream import AdmissionQueue, FifoQueue
+from horizonserve.runtime.batch_admission import StepTimes, Work, choose_batch
+from horizonserve.runtime.downstream import AdmissionQueue, FifoQueue, SlackQueue, Stamp
 from horizonserve.runtime.sim.model import DownstreamCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
 
@@ -42,7 +59,7 @@ _EPS = 1e-7
 
 
 class Job:
-    __slots__ = ("clock", "first", "head", "req", "stage", "v0", "work")
+    __slots__ = ("clock", "done", "first", "head", "req", "stage", "started", "v0", "work")
 
     def __init__(
         self, req: SimRequest, stage: int, work: float, first: float | None, head: bool
@@ -52,7 +69,11 @@ class Job:
         self.work = work
         self.first = first if first is not None and first < work else None
         self.head = head
-        self.v0 = 0.0  # the stage's virtual step counter when the job entered service
+        # The stage's virtual step counter when the job entered service, less the work it had
+        # done before (batch choice resumes paused jobs): in service, work done = v − v0.
+        self.v0 = 0.0
+        self.done = 0.0  # work done when last paused (batch choice; 0 otherwise)
+        self.started = False  # has been in service (late admissions count once)
         self.clock: _Playback | None = None  # set at its first chunk (streaming stages)
 
 
@@ -73,23 +94,29 @@ class FluidStage:
         "_seq",
         "admit_limit",
         "awaiting",
+        "batch",
         "busy_since",
         "busy_time",
+        "choose",
+        "cond",
         "cost",
         "heap",
         "in_service",
         "index",
         "late",
         "max_batch",
+        "paused",
         "playing",
         "queue",
         "rate",
+        "rechoose_at",
         "reject_late",
         "rejected",
         "schedule",
         "steps_per_audio_s",
         "t_last",
         "tails",
+        "times",
         "underruns",
         "v",
         "version",
@@ -103,6 +130,7 @@ class FluidStage:
         queue: AdmissionQueue | None = None,
         admit_limit: int | None = None,
         reject_late: bool = False,
+        last: bool = False,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -130,6 +158,24 @@ class FluidStage:
         self.version = 0
         self.busy_time = 0.0
         self.busy_since = -1.0
+        # Batch choice (module doc): only at the chain's last stage whose first output is its
+        # completion, and only under downstream control (the policy handed a slack queue).
+        choose = (
+            last
+            and isinstance(self.queue, SlackQueue)
+            and cost.cal.first_output_work is None
+            and self.steps_per_audio_s == 0.0
+        )
+        self.choose = choose
+        # The step time per batch size `choose_batch` reads (set at the first choice).
+        self.times: StepTimes | None = None
+        # The conditions of the last choice, and when a step of its batch has passed: between
+        # set changes the batch is re-chosen when either moves on (at most once a step while
+        # the conditions hold, as the engine re-chooses before each step).
+        self.cond: tuple[int, bool, int, Sharing] | None = None
+        self.rechoose_at = 0.0
+        self.batch: list[Job] = []  # batch choice: the jobs in service, in the order chosen
+        self.paused = 0  # batch choice: in-service jobs left out of a choice (back in queue)
 
     @property
     def active(self) -> bool:
@@ -190,6 +236,95 @@ class FluidStage:
                 self.late += 1
             self._start(job, now)
 
+    def _choose(
+        self, now: float, sms: int, shared_busy: bool, shared_sms: int, sharing: Sharing
+    ) -> bool:
+        """Batch choice (module doc): `choose_batch` over the batch and the queued jobs under
+        the current step times; pauses the jobs left out, starts the ones chosen and rebuilds
+        the milestone heap. True when the batch changed. `v` is up to date (caller).
+
+        Invariants: `batch` holds `in_service` jobs, all with first output = completion; the
+        heap holds exactly their completions; a waiting job (queued or paused) is in the queue
+        with its done work in `done`; every job is in exactly one of the two.
+        """
+        batch, queue = self.batch, self.queue
+        if not batch and not queue:
+            return False
+        step = self.cost.step_s
+        times = self.times
+        if times is None:
+            times = self.times = StepTimes(step(1, sms, shared_busy, shared_sms, sharing))
+        for b in range(1, self.max_batch + 1):  # what the engine would measure now
+            times.observe(b, step(b, sms, shared_busy, shared_sms, sharing))
+        waiting = self._drain(now)
+        if self.reject_late:  # refuse a waiting job late even alone (the engine's rule)
+            solo = times.at(1)
+            kept = []
+            for entry in waiting:
+                job = entry[0]
+                if now > _stamp(job).deadline - (job.work - job.done) * solo:
+                    self.rejected += 1  # refused with a reason: never answered, counted
+                else:
+                    kept.append(entry)
+            waiting = kept
+        v = self.v
+        pool = batch + [job for job, _ in waiting]
+        # Steps left are fractional in the fluid model (the engine's are whole steps;
+        # `finish_times` is exact for fractions too).
+        left = [max(j.work - (v - j.v0), 0.0) for j in batch] + [
+            j.work - j.done for j, _ in waiting
+        ]
+        works = [Work(_stamp(j).deadline, n) for j, n in zip(pool, left, strict=True)]
+        chosen = [pool[i] for i in choose_batch(works, now, times, self.max_batch)]
+        picked = {id(j) for j in chosen}
+        was = {id(j) for j in batch}
+        changed = picked != was
+        late = 0
+        for job, is_late in waiting:
+            if id(job) in picked:  # start (or resume) it: work done = v − v0 stays `done`
+                job.v0 = v - job.done
+                if not job.started:
+                    job.started = True
+                    late += is_late
+                if job.head:
+                    self.awaiting.append(job)
+            else:
+                queue.push(job, _stamp(job), _stamp(job).downstream_s)
+        for job in batch:
+            if id(job) not in picked:  # pause it: back in the queue with its done work
+                job.done = v - job.v0
+                if job.head:
+                    self.awaiting.remove(job)
+                queue.push(job, _stamp(job), _stamp(job).downstream_s)
+                self.paused += 1
+        self.late += late
+        queue.late_popped += late
+        self.cond = (sms, shared_busy, shared_sms, sharing)
+        self.rechoose_at = now + times.at(max(1, len(chosen)))  # one step on: the engine's cadence
+        if not changed:
+            return False
+        # `choose_batch` keeps a job whenever one is given: the batch empties only when there
+        # was none and every waiting job was refused (then nothing changed above).
+        if not batch and self.busy_since < 0:
+            self.busy_since = now
+        self.batch = chosen
+        self.in_service = len(chosen)
+        seq = self._seq
+        self.heap = [(j.v0 + j.work, next(seq), j, False) for j in chosen]
+        heapq.heapify(self.heap)
+        return True
+
+    def _drain(self, now: float) -> list[tuple[Job, bool]]:
+        """Every queued job with whether the queue finds it late now, in admission order; the
+        queue is left empty (its late count untouched: the caller counts admissions)."""
+        queue = self.queue
+        late_popped = queue.late_popped
+        out = []
+        while (got := queue.pop(now)) is not None:
+            out.append(got)
+        queue.late_popped = late_popped
+        return out
+
     def min_slack(self, now: float) -> float | None:
         """The smallest slack ratio among this stage's requests whose first output is pending:
         the queue's next admission and the head jobs in service (r̂ = the stamp's estimate
@@ -218,7 +353,8 @@ class FluidStage:
             stamp = req.stamp
             assert stamp is not None
             self.queue.push(job, stamp, stamp.downstream_s)
-        self._fill(now)
+        if not self.choose:  # batch choice: the caller's `rerate` chooses
+            self._fill(now)
 
     def rerate(
         self,
@@ -231,9 +367,16 @@ class FluidStage:
     ) -> None:
         """Recompute the step rate under the current conditions and schedule the next milestone.
 
-        `force`: reschedule even at an unchanged rate (the set of milestones changed).
+        `force`: reschedule even at an unchanged rate (the set of milestones changed). Under
+        batch choice the batch is chosen first (`_choose`), under these conditions.
         """
         self.advance(now)
+        if self.choose:
+            due = force or now >= self.rechoose_at
+            if (due or (sms, shared_busy, shared_sms, sharing) != self.cond) and self._choose(
+                now, sms, shared_busy, shared_sms, sharing
+            ):
+                force = True  # the batch changed: its milestones are new
         if self.in_service == 0:
             if self.rate:
                 self.rate = 0.0
@@ -265,7 +408,10 @@ class FluidStage:
                 self.in_service -= 1
                 if job.clock is not None:
                     self.playing.remove(job)
-        self._fill(now)
+                if self.choose:
+                    self.batch.remove(job)
+        if not self.choose:  # batch choice: the caller's `rerate` chooses
+            self._fill(now)
         if self.in_service == 0 and self.busy_since >= 0:
             self.busy_time += now - self.busy_since
             self.busy_since = -1.0
@@ -276,3 +422,9 @@ class FluidStage:
         if self.busy_since >= 0:
             self.busy_time += now - self.busy_since
             self.busy_since = now
+
+
+def _stamp(job: Job) -> Stamp:
+    stamp = job.req.stamp
+    assert stamp is not None  # stamped at the hand-off, before any downstream stage
+    return stamp

@@ -4,8 +4,12 @@ Processes that co-run on the simulated GPU:
   * the shared stage: back-to-back iterations while it has work. Each iteration is one
     scheduling opportunity: `policy.step(now, downstream_active=…, pressure_sample=…,
     backlog=…)` (the control core's own object), then the base scheduler (`sim.shared`) builds
-    the batch from the policy's view, and the iteration lasts `SharedCost.iteration_s` at the
-    SM cap the policy chose, slowed by co-running when a downstream stage is active. When the
+    the batch from the policy's view, and the iteration lasts `SharedCost.iteration_parts`
+    (prefill part, decode part) at the SM cap the policy chose, slowed by co-running when a
+    downstream stage is active. Where the engine runs them as two calls (`prefill_then_decode`,
+    the reference engine) a prompt's first token comes at the end of the prefill part and
+    the decode step holds only the sequences already running; otherwise both ride one pass
+    and the first token comes at the iteration's end. When the
     batch's prefill carries an urgent prompt (`policy.prefill_sms`: short-path, or protected by
     now; chunk continuations included) the prefill part runs on S_aggr, overlapping the
     downstream's SMs as under MPS, and the decode part at the cap
@@ -18,7 +22,9 @@ Processes that co-run on the simulated GPU:
     S_tot − S_cap while it is lifted, the whole GPU otherwise) and on whether the shared stage
     is running.
 The memory-pressure sample handed to the policy at each step is the artifact's pressure model
-for what ran during the previous interval, plus seeded Gaussian noise.
+for what ran during the previous interval, plus seeded Gaussian noise. With `record_steps` the
+result carries one row per iteration in the reference engine's step-trace columns
+(`STEP_COLUMNS`), to set beside a campaign's `steps.jsonl.gz`.
 
 Deterministic for a given trace, system and seed: one event heap ordered by (time, sequence),
 no wall clock in any decision, one seeded RNG (pressure noise).
@@ -51,6 +57,7 @@ from horizonserve.runtime.spatial import (
     AGGRESSIVE,
     LIFTED,
     OPEN,
+    RESERVED,
     UNCAPPED,
     SmDecision,
     partitioned,
@@ -60,6 +67,12 @@ from horizonserve.runtime.workload import Trace
 _ARRIVAL, _SHARED_DONE, _DOWN, _POLL, _PREFILL_DONE = 0, 1, 2, 3, 4
 _POLL_S = 1e-3  # retry delay when nothing in the view can run (only with long_path_cap = 0)
 _TRACE_DT = 0.02  # control-trace resolution (s) unless the cap changes
+# `record_steps`: the reference engine's step-trace columns the simulator has (bench/eval
+# campaign steps.jsonl.gz), one row per iteration; prefill_s / decode_s are its two parts.
+STEP_COLUMNS = (
+    "t", "shared_sms", "downstream_sms", "level", "decode_batch", "prefill_batch",
+    "prefill_tokens", "prefill_s", "decode_s", "downstream_active", "prefill_sms",
+)  # fmt: skip
 _PARTITION, _MPS = Sharing.PARTITION, Sharing.MPS  # hot path: no enum lookups
 
 
@@ -75,6 +88,7 @@ class Simulator:
         seed: int = 0,
         record_trace: bool = False,
         solo: bool = False,
+        record_steps: bool = False,
     ) -> None:
         self.setup = setup
         self.trace = trace
@@ -110,6 +124,8 @@ class Simulator:
         self.prev_decided_sms: int | None = None  # the last iteration's SMs (switch cost)
         self.prev_busy_until = -1.0  # end time of the last iteration
         self.prev_sms = self.total_sms
+        self.split = cal.shared.prefill_then_decode  # prefill and decode as two calls
+        self.prefill_end = 0.0  # when the current iteration's prefill part ends
         self.responded = 0
         self.record_trace = record_trace
         self.trace_out: dict[str, list[float]] | None = (
@@ -119,10 +135,13 @@ class Simulator:
         )
         self._trace_last = -1.0
         self._trace_last_cap = -1
+        # One row per iteration, the engine's step-trace columns (`STEP_COLUMNS`).
+        self.steps_out: list[tuple[float | int, ...]] | None = [] if record_steps else None
         # Statistics.
         self.iterations = 0
         self.boosted = 0  # iterations whose prefill ran above the cap
         self.lifted = 0  # iterations lifted to S_aggr by a backlog while co-running
+        self.reserved = 0  # iterations on the reservation (level RESERVED)
         self.events_done = 0
         self.busy_time = 0.0
         self.corun_time = 0.0
@@ -140,7 +159,8 @@ class Simulator:
     def _make_stage(self, i: int, cal: DownstreamStageCalibration) -> FluidStage:
         """A downstream stage with the policy's admission queue; under downstream control a
         streaming stage admits new streams only up to its real-time capacity, judged at the
-        guaranteed co-running split (S_tot − S_cap, next to a busy shared stage)."""
+        guaranteed co-running split (S_tot − S_cap, next to a busy shared stage), and the last
+        stage, when its first output is its completion, chooses its batch (`choose_batch`)."""
         cost = DownstreamCost(cal, self.setup.cal)
         limit = None
         if self.policy.downstream_control and cal.work_per_audio_second > 0:
@@ -158,6 +178,7 @@ class Simulator:
             self.policy.downstream_queue(),
             limit,
             reject_late=self.policy.reject_late and i == 0,  # refused at the hand-off
+            last=i == len(self.setup.cal.downstream) - 1,  # batch choice (sim.downstream)
         )
 
     # -- requests ------------------------------------------------------------------------------
@@ -288,30 +309,33 @@ class Simulator:
         prefill_sms = sms
         if sm.prefill != sm.shared and batch.chunks:  # a boost is possible: ask the policy
             prefill_sms = self._prefill_sms(sm, batch, now)
+        # The decode step's rows: every sequence of a one-pass iteration, or only those
+        # already running when the prefill is its own call (`prefill_then_decode`).
+        seqs = len(batch.decodes) if self.split else batch.seqs
         if prefill_sms == sms:
-            dur = self.cost.iteration_s(
-                sms,
-                batch.seqs,
-                batch.prefill_tokens,
-                batch.cached_tokens,
-                active,
-                sharing,
-                switched,
+            pre, dec_s = self.cost.iteration_parts(
+                sms, seqs, batch.padded_tokens, batch.cached_tokens, active, sharing
             )
+            if switched:
+                pre += self.cost.switch_s
+            dur = pre + dec_s
         else:  # only under the partition while co-running (sm.prefill > sm.shared)
             pre, dec_s = self.cost.boosted_iteration_s(
-                sms, prefill_sms, batch.seqs, batch.prefill_tokens, batch.cached_tokens
+                sms, prefill_sms, seqs, batch.padded_tokens, batch.cached_tokens
             )
             dur = pre + dec_s
             sharing = Sharing.MPS  # the downstream's view until the prefill part ends
             self.boosted += 1
             self._push(now + pre, _PREFILL_DONE)
+        self.prefill_end = now + pre
         self.busy = True
         self.batch = batch
         self.sms, self.down_sms, self.sharing = sms, down, sharing
         self.iterations += 1
         if level == LIFTED:
             self.lifted += 1
+        elif level == RESERVED:
+            self.reserved += 1
         self.busy_time += dur
         if active:
             self.corun_time += dur
@@ -321,6 +345,11 @@ class Simulator:
             self.pressure_n += 1
         if self.trace_out is not None:
             self._record(now, sms, dec.pressure, sample, active)
+        if self.steps_out is not None:
+            self.steps_out.append(
+                (now, sms, down, int(level), len(batch.decodes), len(batch.chunks),
+                 batch.prefill_tokens, pre, dec_s, int(active), prefill_sms)
+            )  # fmt: skip
         self._push(now + dur, _SHARED_DONE)
 
     def _prefill_sms(self, sm: SmDecision, batch: Batch, now: float) -> int:
@@ -364,12 +393,13 @@ class Simulator:
                 req.last_token = now
                 self._progress(req, now)
             elif req.prefilled >= req.prompt:
+                first = self.prefill_end if self.split else now  # the prefill call's end
                 if req.decode_len > 0:
                     req.decoded = 1
-                    req.first_token = now
-                    req.last_token = now
+                    req.first_token = first
+                    req.last_token = first
                 if not req.long_path:
-                    self._respond(req, now)
+                    self._respond(req, first)
                 self._progress(req, now)
         for req in batch.decodes:
             req.decoded += 1
@@ -522,6 +552,7 @@ class Simulator:
             "iterations": float(self.iterations),
             "boosted_frac": self.boosted / self.iterations if self.iterations else 0.0,
             "lifted_frac": self.lifted / self.iterations if self.iterations else 0.0,
+            "reserved_frac": self.reserved / self.iterations if self.iterations else 0.0,
             "shared_busy_frac": self.busy_time / sim_s,
             "corun_frac": self.corun_time / sim_s,
             "mean_cap_corun": self.cap_time / self.corun_time if self.corun_time else float("nan"),
@@ -533,6 +564,7 @@ class Simulator:
             stats[f"{s.cost.cal.name}_busy_frac"] = s.busy_time / sim_s
         stats["downstream_late"] = float(sum(s.late for s in self.stages))
         stats["downstream_rejected"] = float(sum(s.rejected for s in self.stages))
+        stats["downstream_paused"] = float(sum(s.paused for s in self.stages))
         stats["underruns"] = float(sum(s.underruns for s in self.stages))
         stats["preemptions"] = float(self.shared.preemptions)
         return SimResult(
@@ -553,6 +585,9 @@ class Simulator:
             tpot=tpot,
             stats=stats,
             trace=self.trace_out,
+            steps=None
+            if self.steps_out is None
+            else {"columns": list(STEP_COLUMNS), "rows": self.steps_out},
         )
 
 
@@ -573,6 +608,10 @@ def simulate(
     *,
     seed: int = 0,
     record_trace: bool = False,
+    record_steps: bool = False,
 ) -> SimResult:
     """Run `trace` through `system` on the simulated GPU (see module docstring)."""
-    return Simulator(setup, trace, system, seed=seed, record_trace=record_trace).run()
+    sim = Simulator(
+        setup, trace, system, seed=seed, record_trace=record_trace, record_steps=record_steps
+    )
+    return sim.run()

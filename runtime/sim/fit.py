@@ -9,6 +9,14 @@ point's seed and checked against the plan's request count) with the campaign's S
 the deploy profile the engine ran, and a bounded compass search in log space minimises the mean
 absolute attainment error over the items it may see. Items held out are only predicted.
 
+`--engine reference` replays the engine a campaign ran, the reference engine, as it ran
+(`reference_engine`: its thinker limits, media tokens, prefill padding and two-call
+iteration, written into the entry; the controller's class table as the plan recorded it).
+`--step-constants` first reads three costs the calibration does not measure from the fit
+points' step rows (`step_constants`: the prefill call, the boosted prefill's share of the MPS
+excess, the MPS decode excess's growth with rows), so that the fitted factors are left only
+what the step rows cannot show.
+
 Deterministic: one simulator seed per point (the point's own), so the objective is a fixed
 function of the factors; a finite trace makes it piecewise constant, hence a direct search
 rather than gradients.
@@ -27,16 +35,22 @@ from typing import Any
 
 from horizonserve.runtime.calibrate import derive
 from horizonserve.runtime.calibrate.artifact import (
+    MPS_DECODE_ROWS,
     CalibrationArtifact,
     FitProvenance,
     PipelineCalibration,
     SmCurve,
     load_artifact,
 )
-from horizonserve.runtime.calibrate.records import Campaign, read_campaign
-from horizonserve.runtime.config import Path, control_as_recorded, load_pipeline
+from horizonserve.runtime.calibrate.limits import with_deploy
+from horizonserve.runtime.calibrate.records import Campaign, read_campaign, read_steps
+from horizonserve.runtime.config import Path, SloTable, control_as_recorded, load_pipeline
+from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
 from horizonserve.runtime.sim.engine import simulate
+from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.systems import get_system
+from horizonserve.runtime.spatial import UNCAPPED, partitioned
 from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
 
 
@@ -80,6 +94,12 @@ def _shared_full(p: dict[str, Any], a: float) -> None:
         ]
 
 
+def _shared_mps(p: dict[str, Any], a: float) -> None:
+    """The MPS share of the shared stage's co-run excess (`mps_shared_excess`), × a."""
+    s = p["sharing"]
+    s["mps_shared_excess"] = min(50.0, round(s["mps_shared_excess"] * a, 6))
+
+
 def _shared_prefill(p: dict[str, Any], a: float) -> None:
     """Prefill seconds per token at every SM count, × a (the engine pads a batch's prompts to
     the longest one and to a length bucket; the simulator counts real tokens)."""
@@ -120,6 +140,12 @@ FACTORS: dict[str, Factor] = {
             _shared_full,
             lo=0.0,
         ),
+        Factor(
+            "shared_mps",
+            "the shared stage's co-run excess under MPS, as a share of the time-sliced one "
+            "(mps_shared_excess)",
+            _shared_mps,
+        ),
         Factor("shared_prefill", "prefill cost per token (padding)", _shared_prefill, lo=0.5),
     )
 }
@@ -140,6 +166,187 @@ def apply_factors(cal: PipelineCalibration, factors: dict[str, float]) -> Pipeli
     return PipelineCalibration.model_validate(data)
 
 
+# -- the reference engine as a campaign ran it ------------------------------------------------
+REFERENCE = "reference"  # FitProvenance.engine / `--engine` of a reference-engine replay
+
+
+def reference_engine(
+    cal: PipelineCalibration, preset: str = "full", profile: str = "tuned"
+) -> PipelineCalibration:
+    """`cal` with the limits and step rules of the reference engine (`engine.reference`, what
+    `bench/eval/campaign.py` runs) under `preset` and deploy `profile`:
+
+    * the thinker's slots, token budget and CUDA graphs from the preset. The preset sizes the
+      thinker from the speech deploy file for every pipeline (BAGEL's thinker ran 48 slots and
+      8192 tokens, not its own deploy file's 12 and 32768); KV: its slots × tokens per slot;
+    * each downstream stage's slots (and code2wav's chunks) from the pipeline's deploy file, as
+      the preset reads them (`calibrate.limits.with_deploy`);
+    * prompt tokens per image, audio second and video second: the preset's;
+    * prefill padded to the executor's length buckets (`engine.reference.ar.prefill_buckets`:
+      the batch at its longest prompt), prefill and decode as two calls (`prefill_then_decode`).
+
+    The entry's `deploy_profile` becomes None: its limits are written in it (the simulator would
+    otherwise re-read them from the deploy file, which the reference thinker does not follow).
+    Costs are untouched."""
+    from horizonserve.runtime.engine.reference.ar import prefill_buckets  # torch: lazily
+    from horizonserve.runtime.engine.reference.presets import get_preset
+
+    ref = get_preset(preset, profile)
+    lim = ref.thinker_limits
+    cal = with_deploy(cal, load_deploy(cal.pipeline, profile))
+    where = f"reference engine: preset {preset!r}, deploy profile {profile!r}"
+    shared = cal.shared.model_copy(
+        update={
+            "max_num_seqs": lim.max_batch,
+            "max_num_batched_tokens": lim.max_prefill_tokens,
+            "graph_batch_sizes": list(graph_batch_sizes(lim.max_batch))
+            if ref.graphs_for("thinker")
+            else None,
+            "kv_capacity_tokens": lim.max_batch * lim.max_len,
+            "tokens_per_image": float(ref.tokens_per_image),
+            "tokens_per_audio_second": float(ref.tokens_per_audio_second),
+            "tokens_per_video_second": float(ref.tokens_per_video_second),
+            "prefill_buckets": list(prefill_buckets(lim.max_len)),
+            "prefill_then_decode": True,
+        }
+    )
+    notes = dict(cal.notes)
+    for key, what in (
+        ("max_num_seqs", "the thinker's slots (presets: the speech deploy file's thinker)"),
+        ("max_num_batched_tokens", "the thinker's prompt tokens per iteration"),
+        ("graph_batch_sizes", "decode graphs of the thinker"),
+        ("kv_capacity_tokens", "slots × tokens per slot (pre-allocated)"),
+        ("tokens_per_image", "prompt tokens per input image (presets.tokens_per_image)"),
+        ("tokens_per_audio_second", "prompt tokens per input audio second"),
+        ("tokens_per_video_second", "prompt tokens per input video second"),
+        ("prefill_buckets", "prompt lengths prefill pads to (ar.prefill_buckets)"),
+        ("prefill_then_decode", "prefill and decode as two calls (stages/shared.py iterate)"),
+    ):
+        notes[f"shared.{key}"] = f"{where}: {what}"
+    for d in cal.downstream:
+        notes[f"downstream.{d.name}.max_batch"] = f"{where}: slots from its deploy file"
+    return cal.model_copy(
+        update={"shared": shared, "deploy_profile": None, "notes": dict(sorted(notes.items()))}
+    )
+
+
+@dataclass(frozen=True)
+class StepConstants:
+    """Three costs the calibration does not measure, read from a campaign's step rows."""
+
+    prefill_call_s: float
+    boost_prefill_excess: float
+    mps_decode_rows_frac: float
+    call_steps: int  # single-prompt prefills co-running at the cap of a partition
+    boost_steps: int  # single-prompt prefills boosted above the cap
+    mps_steps: int  # decode steps co-running under MPS (an MPS system's items)
+
+
+def campaign_steps(campaign: Campaign, keys: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(system, step-trace member) of every repetition of items `keys` (`records.read_steps`)."""
+    return [(campaign.items[k].system, m) for k in keys for m in read_steps(campaign, k)]
+
+
+def step_constants(
+    cal: PipelineCalibration, steps: Iterable[tuple[str, dict[str, Any]]]
+) -> StepConstants:
+    """`prefill_call_s`, `boost_prefill_excess` and `mps_decode_rows_frac` from engine step
+    traces (`campaign_steps`: each system's {"columns", "rows"}; the simulator's own with
+    `record_steps`): the entry's own formulas solved for each constant, the prompt at its
+    padded length (`prefill_buckets`), decode rows as the simulator pads them
+    (`SharedCost.decode_rows`):
+
+      call:  median over single-prompt prefills co-running on a partition at the step's
+             cap s — prefill_s / corun_prefill_factor(s) − prefill_token_s(s) · padded;
+      boost: median over single-prompt prefills above the cap, over the downstream's SMs —
+             (prefill_s / (call + prefill_token_s(S_aggr) · padded) − 1) / (MPS factor − 1),
+             clipped to [0, 1];
+      rows:  decode steps of the MPS systems' items while the downstream runs: per row count
+             r the median g(r) of (decode_s / decode alone − 1) / (MPS factor − 1), then the
+             least-squares slope of g − 1 against r − 8 (the probe's rows), steps weighted.
+    A constant whose steps the items lack keeps the entry's value.
+    """
+    sh, sharing = cal.shared, cal.sharing
+    buckets = sorted(sh.prefill_buckets or [])
+    total = cal.ladder.total
+    mps = sharing.mps_shared_factor(sh.corun_prefill_factor.at(total))
+    mps_d = sharing.mps_shared_factor(sh.corun_decode_factor.at(total))
+    cost = SharedCost(cal)
+
+    def padded(tokens: int) -> int:
+        return next((b for b in buckets if b >= tokens), tokens)
+
+    calls: list[float] = []
+    boosted: list[tuple[float, int, int]] = []
+    by_rows: dict[int, list[float]] = {}
+    for system, member in steps:
+        under_mps = get_system(system).mps
+        ix = {c: i for i, c in enumerate(member["columns"])}
+        for r in member["rows"]:
+            if not r[ix["downstream_active"]]:
+                continue
+            s, level, seqs = r[ix["shared_sms"]], r[ix["level"]], r[ix["decode_batch"]]
+            if under_mps and level == UNCAPPED and seqs > 0 and mps_d > 1:
+                alone = cost.iteration_parts(s, seqs, 0, 0, False, Sharing.MPS)[1]
+                g = (r[ix["decode_s"]] / alone - 1) / (mps_d - 1)
+                by_rows.setdefault(cost.decode_rows(seqs), []).append(g)
+            if r[ix["prefill_batch"]] != 1 or not partitioned(level):
+                continue
+            ps, y = r[ix["prefill_sms"]], r[ix["prefill_s"]]
+            n = padded(r[ix["prefill_tokens"]])
+            if ps == s:
+                calls.append(y / sh.corun_prefill_factor.at(s) - sh.prefill_token_s.at(s) * n)
+            elif ps > s:
+                boosted.append((y, ps, n))
+    call = max(0.0, statistics.median(calls)) if calls else sh.prefill_call_s
+    excess = [
+        (y / (call + sh.prefill_token_s.at(ps) * n) - 1) / (mps - 1) if mps > 1 else 1.0
+        for y, ps, n in boosted
+    ]
+    boost = (
+        min(1.0, max(0.0, statistics.median(excess))) if excess else sharing.boost_prefill_excess
+    )
+    num = sum(
+        len(v) * (statistics.median(v) - 1) * (r - MPS_DECODE_ROWS) for r, v in by_rows.items()
+    )
+    den = sum(len(v) * (r - MPS_DECODE_ROWS) ** 2 for r, v in by_rows.items())
+    rows = max(0.0, num / den) if den else sharing.mps_decode_rows_frac
+    return StepConstants(
+        round(call, 6),
+        round(boost, 4),
+        round(rows, 4),
+        len(calls),
+        len(boosted),
+        sum(len(v) for v in by_rows.values()),
+    )
+
+
+def with_step_constants(
+    cal: PipelineCalibration, k: StepConstants, where: str
+) -> PipelineCalibration:
+    """`cal` with the step-row constants `k` (`step_constants`), their provenance in notes."""
+    notes = {
+        **cal.notes,
+        "shared.prefill_call_s": f"measured: {where} step rows, median over {k.call_steps} "
+        "single-prompt prefills co-running at a partition's cap (sim.fit.step_constants)",
+        "sharing.boost_prefill_excess": f"measured: {where} step rows, median over "
+        f"{k.boost_steps} boosted single-prompt prefills (sim.fit.step_constants)",
+        "sharing.mps_decode_rows_frac": f"measured: {where} step rows, {k.mps_steps} decode "
+        "steps of the MPS systems beside a busy downstream stage (sim.fit.step_constants)",
+    }
+    sharing = {
+        "boost_prefill_excess": k.boost_prefill_excess,
+        "mps_decode_rows_frac": k.mps_decode_rows_frac,
+    }
+    return cal.model_copy(
+        update={
+            "shared": cal.shared.model_copy(update={"prefill_call_s": k.prefill_call_s}),
+            "sharing": cal.sharing.model_copy(update=sharing),
+            "notes": dict(sorted(notes.items())),
+        }
+    )
+
+
 @dataclass
 class Replay:
     """The simulator on a campaign's items, for one artifact entry (traces built once)."""
@@ -147,6 +354,9 @@ class Replay:
     campaign: Campaign
     artifact: CalibrationArtifact
     deploy_profile: str | None
+    # The controller's class table as the campaign's plan recorded it (the profiles behind its
+    # r̂), instead of the profiles the simulator derives from the entry (`engine` reference).
+    recorded_classes: bool = False
     _traces: dict[str, Trace] = field(default_factory=dict)
 
     def trace(self, pid: str) -> Trace:
@@ -176,6 +386,8 @@ class Replay:
         setup = SimSetup.load(c.pipeline, art, deploy_profile=self.deploy_profile)
         # The controller the campaign ran, not today's defaults.
         setup = replace(setup, control=control_as_recorded(c.control))
+        if self.recorded_classes and c.serving_slo:
+            setup = replace(setup, slo=_recorded_slo(setup.slo, c.serving_slo))
         p95 = {k: v / c.multiplier for k, v in c.targets_s.items()}
         return setup.with_solo_p95(p95, f"campaign {c.path} SLO table", c.multiplier)
 
@@ -189,6 +401,27 @@ class Replay:
             a = r.attainment()
             out[key] = 0.0 if math.isnan(a) else a
         return out
+
+
+def replay_of(campaign: Campaign, artifact: CalibrationArtifact) -> Replay:
+    """The replay an entry's fit used (`FitProvenance.engine`): the reference engine's with
+    the plan's class table, else the deploy file's with the derived profiles; the engine
+    limits those the entry carries (its own deploy profile, or the limits written in it)."""
+    fit = artifact.pipeline(campaign.pipeline).fit
+    return Replay(
+        campaign, artifact, None, recorded_classes=fit is not None and fit.engine == REFERENCE
+    )
+
+
+def _recorded_slo(slo: SloTable, recorded: dict[str, Any]) -> SloTable:
+    """`slo` with each class as the campaign recorded it (same classes, the spec's order)."""
+    table = SloTable.model_validate(recorded)
+    by_name = {c.name: c for c in table.classes}
+    missing = [c.name for c in slo.classes if c.name not in by_name]
+    if missing:
+        raise ValueError(f"the campaign's class table lacks {missing}")
+    classes = [by_name[c.name] for c in slo.classes]
+    return SloTable.model_validate({**table.model_dump(), "classes": classes})
 
 
 def errors_pp(sim: dict[str, float], campaign: Campaign) -> dict[str, float]:
@@ -310,7 +543,12 @@ def fit(
 
 
 def provenance(
-    result: FitResult, campaign: Campaign, base_name: str, profile: str | None, note: str = ""
+    result: FitResult,
+    campaign: Campaign,
+    base_name: str,
+    profile: str | None,
+    note: str = "",
+    engine: str | None = None,
 ) -> FitProvenance:
     err = result.residuals(campaign)
     return FitProvenance(
@@ -327,6 +565,7 @@ def provenance(
         mae_out_pp=round(mae(err, result.holdout_items), 2) if result.holdout_items else None,
         largest_miss=result.largest_miss(campaign),
         note=note,
+        engine=engine,
     )
 
 
@@ -353,6 +592,21 @@ def add_fit_arguments(p: Any) -> None:
     p.add_argument("--calibration-raw", help="raw log of the base's calibration: adds the "
                    "per-SM decode slope (decode_slope_scale) before fitting")  # fmt: skip
     p.add_argument("--max-evals", type=int, default=300, help="simulated evaluations at most")
+    p.add_argument(
+        "--engine",
+        choices=("deploy", REFERENCE),
+        default="deploy",
+        help="deploy (default): the entry with --deploy-profile's deploy-file limits, class "
+        "profiles derived from it; reference: the reference engine as the campaign ran it "
+        "(`reference_engine` with the plan's preset and profile; the controller's class table "
+        "as the plan recorded it; the written entry carries the limits, deploy_profile none)",
+    )
+    p.add_argument(
+        "--step-constants",
+        action="store_true",
+        help="before fitting, measure prefill_call_s and boost_prefill_excess from the fit "
+        "points' step rows (`step_constants`; needs prefill_buckets, i.e. --engine reference)",
+    )
 
 
 def _points(text: str | None, campaign: Campaign, flag: str) -> list[str]:
@@ -391,7 +645,28 @@ def run_fit(args: Any) -> int:
     if args.calibration_raw:
         base = with_slope_from_raw(base, args.calibration_raw)
         note = f"decode_slope_scale from {args.calibration_raw}. "
-    replay = Replay(campaign, art, args.deploy_profile)
+    engine = REFERENCE if args.engine == REFERENCE else None
+    profile: str | None = args.deploy_profile
+    if engine:
+        preset, ran = campaign.preset or "full", campaign.profile or args.deploy_profile
+        base = reference_engine(base, preset, ran)
+        profile = None  # the entry carries the limits (reference_engine)
+        note += (
+            f"Replayed as the reference engine ran (preset {preset!r}, deploy profile "
+            f"{ran!r}: sim.fit.reference_engine) with the plan's class table. "
+        )
+    if args.step_constants:
+        if not base.shared.prefill_buckets:
+            raise ValueError("--step-constants: the entry pads no prefill; add --engine reference")
+        k = step_constants(base, campaign_steps(campaign, fit_items))
+        where = f"{campaign.path} fit points {sorted({campaign.items[i].point for i in fit_items})}"
+        base = with_step_constants(base, k, where)
+        note += (
+            f"prefill_call_s {k.prefill_call_s} s, boost_prefill_excess "
+            f"{k.boost_prefill_excess} and mps_decode_rows_frac {k.mps_decode_rows_frac} "
+            f"measured from {where} step rows. "
+        )
+    replay = Replay(campaign, art, profile, recorded_classes=engine is not None)
 
     def progress(n: int, v: float) -> None:
         if n % 20 == 0:
@@ -407,8 +682,9 @@ def run_fit(args: Any) -> int:
         args.deploy_profile,
         note + "Fitted multipliers stand for what the simulator does not model structurally "
         "(see bench/results/sim-fit/README.md); holdout items are from the same campaign.",
+        engine=engine,
     )
-    cal = result.cal.model_copy(update={"fit": prov, "deploy_profile": args.deploy_profile})
+    cal = result.cal.model_copy(update={"fit": prov, "deploy_profile": profile})
     when = prov.date
     out_art = art.model_copy(
         update={

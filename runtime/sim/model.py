@@ -5,16 +5,24 @@ Each function is one documented formula over the artifact's curves (see
 SM count because a run only ever visits a handful of SM levels.
 
 GPU sharing between the shared stage and the downstream stages, while both are busy:
-  partition  HorizonServe's Green-Context split: shared stage on s SMs, downstream on S_tot − s;
-             each pays the co-run factor the artifact measured at that split.
+  partition  HorizonServe's Green-Context split (a ladder level or the reservation): shared
+             stage on s SMs, downstream on S_tot − s; each pays the co-run factor the artifact
+             measured at that split, and nothing of the MPS excess (disjoint SMs).
   timeslice  no SM control, no MPS (vanilla vLLM-Omni): both stages on the whole GPU.
-  mps        no SM control, NVIDIA MPS: both on the whole GPU, less co-running penalty.
+  mps        no SM control, NVIDIA MPS: both on the whole GPU; the shared stage pays
+             `mps_shared_excess` of the time-sliced excess, its decode more per row beyond the
+             8 rows that was measured with (`SharingCalibration.mps_decode_factor`).
+
+A prefill call costs `prefill_call_s` plus `prefill_token_s` per (padded) token; co-running
+slows both alike.
 
 Urgent-prefill boost (`boosted_iteration_s`): an iteration whose prefill carries an urgent
 prompt runs that prefill on S_aggr SMs, beyond its partition and over the downstream's SMs, then
 its decode at the cap. HorizonServe's stage processes are MPS clients under the Green Contexts,
 so on the overlapped SMs the kernels of both run at the same time, as under MPS: the prefill pays
-the MPS co-run factor, the downstream keeps its S_tot − cap SMs and pays its MPS factor.
+`boost_prefill_excess` of the MPS co-run excess (it keeps its own partition's SMs; measured
+from the BAGEL campaign's steps: about a quarter), the downstream keeps its S_tot − cap SMs and
+pays its MPS factor.
 A backlog-lifted iteration (level LIFTED) is the same overlap for the whole iteration:
 `iteration_s` at S_aggr with `Sharing.MPS`, the downstream on S_tot − S_cap with its MPS factor.
 """
@@ -57,13 +65,17 @@ class SharedCost:
     """Iteration time of the shared stage."""
 
     __slots__ = (
+        "_boost",
+        "_call",
         "_cd",
         "_cp",
         "_ctx",
         "_dec",
         "_mps",
+        "_mps_decode",
         "_pre",
         "_rows",
+        "_rows_frac",
         "_seq",
         "_slope",
         "_switch",
@@ -80,7 +92,11 @@ class SharedCost:
         self._seq = s.decode_seq_frac
         self._ctx = s.decode_ctx_frac
         self._switch = s.sm_switch_s
+        self._call = s.prefill_call_s
         self._mps = cal.sharing.mps_shared_factor
+        self._boost = cal.sharing.boost_prefill_factor
+        self._mps_decode = cal.sharing.mps_decode_factor
+        self._rows_frac = cal.sharing.mps_decode_rows_frac
         slope = s.decode_slope_scale
         self._slope = _Memo(slope) if slope is not None else (lambda _sms: 1.0)
         # Rows a decode step runs: the smallest captured graph batch that holds the sequences
@@ -94,7 +110,10 @@ class SharedCost:
         return self._rows[seqs] if seqs < len(self._rows) else seqs
 
     def _mem(self, sms: int, seqs: int, cached_tokens: int) -> float:
-        """decode_step(s)·(1 + k(s)·(seq·(rows−1) + ctx·cached)): the memory-bound term."""
+        """decode_step(s)·(1 + k(s)·(seq·(rows−1) + ctx·cached)): the memory-bound term; no
+        decode step without sequences (an iteration that only prefills, `prefill_then_decode`)."""
+        if seqs <= 0:
+            return 0.0
         extra = self._seq * (self.decode_rows(seqs) - 1) + self._ctx * cached_tokens
         return self._dec(sms) * (1.0 + self._slope(sms) * extra)
 
@@ -108,6 +127,31 @@ class SharedCost:
             return self._mps(fd), self._mps(fp)
         return fd, fp
 
+    def _prefill(self, sms: int, tokens: int) -> float:
+        """One prefill call alone: prefill_call_s + prefill_token(s)·tokens (none: 0)."""
+        return self._call + self._pre(sms) * tokens if tokens > 0 else 0.0
+
+    def iteration_parts(
+        self,
+        sms: int,
+        seqs: int,
+        prefill_tokens: int,
+        cached_tokens: int,
+        corun: bool,
+        sharing: Sharing,
+    ) -> tuple[float, float]:
+        """(prefill part, decode part) of an iteration at one SM count: the prefill call
+        (`_prefill`)·fp and the decode term (`_mem`)·fd."""
+        mem = self._mem(sms, seqs, cached_tokens)
+        comp = self._prefill(sms, prefill_tokens)
+        if corun:
+            fd, fp = self.corun_factors(sms, sharing)
+            if sharing is Sharing.MPS and self._rows_frac:
+                fd = self._mps_decode(self._cd(self.total_sms), self.decode_rows(seqs))
+            mem *= fd
+            comp *= fp
+        return comp, mem
+
     def iteration_s(
         self,
         sms: int,
@@ -118,26 +162,26 @@ class SharedCost:
         sharing: Sharing,
         switched: bool,
     ) -> float:
-        """decode term (`_mem`)·fd + prefill_token(s)·tokens·fp."""
-        mem = self._mem(sms, seqs, cached_tokens)
-        comp = self._pre(sms) * prefill_tokens
-        if corun:
-            fd, fp = self.corun_factors(sms, sharing)
-            mem *= fd
-            comp *= fp
+        """Both parts of `iteration_parts`, plus a Green Context switch when `switched`."""
+        comp, mem = self.iteration_parts(sms, seqs, prefill_tokens, cached_tokens, corun, sharing)
         return mem + comp + (self._switch if switched else 0.0)
 
     def boosted_iteration_s(
         self, sms: int, prefill_sms: int, seqs: int, prefill_tokens: int, cached_tokens: int
     ) -> tuple[float, float]:
         """(prefill part, decode part) of a co-running iteration whose prefill runs on
-        `prefill_sms` > `sms` SMs (module docstring): the prefill at `prefill_sms` with the MPS
-        factor, the decode term at the cap `sms` with the partition factor; each part opens
-        with a Green Context switch (up to `prefill_sms`, back down to the cap)."""
+        `prefill_sms` > `sms` SMs (module docstring): the prefill at `prefill_sms` with the
+        boost's share of the MPS factor, the decode term at the cap `sms` with the partition
+        factor; each part opens with a Green Context switch (up to `prefill_sms`, back down to
+        the cap)."""
         mem = self._mem(sms, seqs, cached_tokens)
-        comp = self._pre(prefill_sms) * prefill_tokens
-        fp = self.corun_factors(prefill_sms, Sharing.MPS)[1]
+        comp = self._prefill(prefill_sms, prefill_tokens)
+        fp = self._boost(self._cp(self.total_sms))
         return self._switch + comp * fp, self._switch + mem * self._cd(sms)
+
+    @property
+    def switch_s(self) -> float:
+        return self._switch
 
     def decode_step_s(self, sms: int) -> float:
         return self._dec(sms)

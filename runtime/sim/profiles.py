@@ -54,8 +54,11 @@ def derive_profile(
         n = sum(k for k, _ in steps)
         down_steps = round(n)
         down_step_s = sum(k * t for k, t in steps) / n if n else 0.0
+    # A prompt's first token: one iteration (a decode step's time) with the prefill riding in
+    # it, or the prefill call's own fixed cost when the engine runs it apart from the decode.
+    base = sh.prefill_call_s if sh.prefill_then_decode else step
     return StageProfile(
-        prefill_base_s=round(step, 6),
+        prefill_base_s=round(base, 6),
         prefill_s_per_token=round(per_token, 9),
         prefill_s_per_audio_second=round(sh.tokens_per_audio_second * per_token, 7),
         prefill_s_per_image=round(sh.tokens_per_image * per_token, 7),

@@ -34,6 +34,9 @@ class SimResult:
     tpot: np.ndarray  # mean shared-stage seconds per output token after the first; NaN if < 2
     stats: dict[str, float] = field(default_factory=dict)
     trace: dict[str, list[float]] | None = None
+    # With `record_steps`: the shared stage's iterations as the reference engine traces them
+    # ({"columns": STEP_COLUMNS, "rows": [...]}, simulated).
+    steps: dict[str, Any] | None = None
     label: str = LABEL
 
     def window(self) -> np.ndarray:

@@ -5,7 +5,9 @@ beyond the engine's: running requests first (decodes and unfinished prefill chun
 waiting requests the policy's view shows, in view order, while the batch has a sequence slot,
 token budget and KV capacity left (the first request that does not fit stops admission, as in
 vLLM). Prefills are chunked to the token budget. A request's KV footprint (prompt + output) is
-reserved at admission, so KV never forces a preemption.
+reserved at admission, so KV never forces a preemption. With `prefill_buckets` (the reference
+engine) a batch's prefill runs every prompt at the longest one rounded up to a bucket
+(`Batch.padded_tokens`, what the cost model charges).
 
 Preemption is the policy's (`SchedulingPolicy.preemption_victim`, the control core's rule):
 while every sequence slot is taken and a protected short-path request waits, the chosen
@@ -32,6 +34,7 @@ class Batch:
     decodes: list[SimRequest] = field(default_factory=list)
     prefill_tokens: int = 0
     cached_tokens: int = 0  # KV read by the decodes
+    padded_tokens: int = 0  # tokens the prefill runs: prefill_tokens, or padded (`_pad`)
 
     @property
     def seqs(self) -> int:
@@ -40,6 +43,7 @@ class Batch:
 
 class SharedStage:
     __slots__ = (
+        "buckets",
         "kv_capacity",
         "kv_used",
         "max_seqs",
@@ -59,6 +63,7 @@ class SharedStage:
         # and the view's lookup from a request's signals.
         self.waiting: dict[RequestSignals, SimRequest] = {}
         self.preemptions = 0
+        self.buckets = tuple(cal.prefill_buckets) if cal.prefill_buckets else ()
 
     @property
     def has_work(self) -> bool:
@@ -99,6 +104,21 @@ class SharedStage:
 
     def form_batch(self, view: StepView, policy: SchedulingPolicy) -> Batch:
         """Build this iteration's batch; admitted requests leave the policy's waiting queue."""
+        batch = self._form(view, policy)
+        batch.padded_tokens = self._pad(batch)
+        return batch
+
+    def _pad(self, batch: Batch) -> int:
+        """Tokens the batch's prefill runs: with `prefill_buckets`, every chunk at the longest
+        one rounded up to a bucket (the reference engine pads the batch's prompts to one
+        length); without, the tokens themselves."""
+        if not self.buckets or not batch.chunks:
+            return batch.prefill_tokens
+        longest = max(n for _r, n in batch.chunks)
+        size = next((b for b in self.buckets if b >= longest), longest)
+        return size * len(batch.chunks)
+
+    def _form(self, view: StepView, policy: SchedulingPolicy) -> Batch:
         batch = Batch()
         budget = self.max_tokens
         for req in self.running:
