@@ -285,6 +285,16 @@ class ControlParams(_Model):
         "faster on the SMs the shared stage leaves it at S_min than as an uncapped MPS client. "
         "False: an urgent downstream side gets uncapped co-running instead of the reservation.",
     )
+    shared_hold_s: float = Field(
+        5.0,
+        ge=0,
+        le=600,
+        description="Under the slack split, an urgent downstream side does not take SMs from "
+        "the shared stage while prompts wait for their prefill there, nor for this many "
+        "seconds after its running set was last full with requests waiting: the shared stage "
+        "is then the bottleneck, and yielding only lengthens its queue and the downstream's "
+        "next work. 0: the downstream side goes first whenever it is the more urgent.",
+    )
     unknown_pressure: float = Field(
         1.0,
         ge=0,
@@ -346,6 +356,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "slack_split": False,
     "throttling_pays": True,
     "reservation_pays": True,
+    "shared_hold_s": 0.0,
 }
 
 

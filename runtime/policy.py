@@ -75,6 +75,8 @@ class SchedulingPolicy:
     """One shared-stage scheduling policy; build with `make_policy`."""
 
     __slots__ = (
+        "_backlog_at",
+        "_hold_s",
         "downstream_control",
         "name",
         "playback_margin_s",
@@ -103,6 +105,8 @@ class SchedulingPolicy:
         self.reject_late = self.downstream_control and control.reject_late
         # The engines compute the slack inputs of `step` only when the split reads them.
         self.slack_split = t.throttling and control.slack_split
+        self._hold_s = control.shared_hold_s
+        self._backlog_at = -math.inf  # when the running set was last full with requests waiting
         # Playback yielding is part of downstream control; None: streams never yield.
         self.playback_margin_s = control.playback_margin_s if self.downstream_control else None
 
@@ -152,9 +156,23 @@ class SchedulingPolicy:
         """
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
-        shared_slack = self._shared_slack(now, running) if self.slack_split else None
+        shared_slack = None
+        if self.slack_split:
+            shared_slack = self._shared_slack(now, running)
+            if backlog:
+                self._backlog_at = now
+            if self._shared_holds(now):
+                downstream_slack = None  # the shared stage keeps its SMs (`shared_hold_s`)
         sm = self.spatial.select(downstream_active, backlog, shared_slack, downstream_slack)
         return StepDecision(view, sm, pressure)
+
+    def _shared_holds(self, now: float) -> bool:
+        """The shared stage is the bottleneck: prompts wait for their prefill, or its running
+        set was full with requests waiting less than `shared_hold_s` ago (0: never holds)."""
+        if not self._hold_s:
+            return False
+        t = self.temporal
+        return bool(t.short_waiting or t.long_waiting) or now - self._backlog_at < self._hold_s
 
     def _shared_slack(self, now: float, running: Iterable[RequestSignals]) -> float | None:
         """The shared side's smallest slack ratio: −inf while a short-path prompt or a

@@ -24,9 +24,12 @@ first response pending on that side; −inf on the shared side: a short-path pro
 protected request waits, `SchedulingPolicy._shared_slack`).
 When the downstream side's u is the smaller, the shared stage drops to the reservation
 (level RESERVED: `SmLadder.s_reserve`, S_min unless calibration chose fewer) and the downstream
-gets the rest; otherwise the shared stage takes Eq. (1)'s level, which stays
-the bound. An idle side gets nothing reserved: no downstream work → S_aggr; the engines give a
-downstream stage the whole GPU while the shared stage has nothing to run.
+gets the rest; otherwise the shared stage takes Eq. (1)'s level, which stays the bound. While
+the shared stage is the bottleneck (prompts wait for their prefill, or its running set was
+full with requests waiting within `shared_hold_s`), the policy passes no downstream slack: the
+downstream side does not take its SMs. An idle side gets nothing reserved: no downstream work
+→ S_aggr; the engines give a downstream stage the whole GPU while the shared stage has nothing
+to run.
 
 Calibration decides, per pipeline, which configuration serves each side best (each the same
 kind of measurement as the backlog lift): `throttling_pays` False (uncapped co-running under

@@ -477,6 +477,11 @@ class TemporalScheduler:
         return self._short_waiting
 
     @property
+    def long_waiting(self) -> int:
+        """Long-path prefills waiting, protected or not."""
+        return self._long_waiting
+
+    @property
     def protected_waiting(self) -> int:
         """Prefills waiting while protected, either path (as of the last `plan`)."""
         return self._short_protected + self._long_waiting - len(self._long_ordinary)

@@ -270,3 +270,27 @@ def test_policy_reads_the_shared_side_slack_only_when_splitting() -> None:
     assert late.sm.level != 0
     fcfs = make_policy("fcfs", make_config())
     assert fcfs.slack_split is False
+
+
+def test_the_shared_stage_keeps_its_sms_while_it_is_the_bottleneck() -> None:
+    """`shared_hold_s`: no reservation while a prompt waits at the shared stage or within the
+    hold after a backlog; the old rule (downstream first whenever more urgent) at 0."""
+
+    def policy(hold: float):
+        config = make_config()
+        control = config.control.model_copy(update={"shared_hold_s": hold})
+        return make_policy("horizon", config.model_copy(update={"control": control}))
+
+    held, old = policy(5.0), policy(0.0)
+    waiting = {}
+    for p in (held, old):  # a prompt waits: the downstream side is the more urgent
+        waiting[id(p)] = p.admit("long", 0.0, priority=10)
+    down = {"downstream_active": True, "downstream_slack": -1.0}
+    assert held.step(0.01, **down).sm.level != RESERVED
+    assert old.step(0.01, **down).sm.level == RESERVED
+    for p in (held, old):  # nothing waits any more
+        p.dequeue(waiting[id(p)])
+    assert held.step(0.02, **down).sm.level == RESERVED
+    held.step(1.0, backlog=True, **down)  # full running set: lifted, and the hold starts
+    assert held.step(5.9, **down).sm.level != RESERVED  # within 5 s of the backlog
+    assert held.step(6.1, **down).sm.level == RESERVED

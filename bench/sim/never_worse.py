@@ -1,0 +1,103 @@
+"""SIMULATED: the never-worse rule, per mechanism. HorizonServe against HorizonServe with one
+mechanism switched off, per pipeline, rate and seed, on the shipped (fitted H200) artifact.
+A mechanism passes where, at every rate, the mean loss against its "off" variant is within
+the seed-to-seed spread (the largest per-seed difference minus the smallest).
+
+    python bench/sim/never_worse.py [--pipelines qwen2_5_omni,bagel] [--seeds 4] > out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.sim.setup import SimSetup
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import measured_setup, point
+
+RATES = {
+    "qwen2_5_omni": (6.0, 8.0, 10.0, 12.0, 14.0),
+    "mimo_audio": (3.0, 4.0, 5.0, 6.0),
+    "bagel": (1.0, 2.0, 3.0, 4.0),
+}
+# mechanism -> (system, control knobs) of its "off" variant
+OFF: dict[str, tuple[str, dict[str, Any]]] = {
+    "reservation": ("horizon", {"reservation_pays": False}),
+    "slack split": ("horizon", {"slack_split": False}),
+    "downstream control": ("horizon-no-downstream", {}),
+    "preemption": ("horizon-no-preemption", {}),
+    "path rotation": ("horizon-no-rotation", {}),
+}
+_CACHE: dict[str, tuple[SimSetup, Any]] = {}
+
+
+def _setup(pipeline: str) -> tuple[SimSetup, Any]:
+    if pipeline not in _CACHE:
+        _CACHE[pipeline] = measured_setup(pipeline, load_artifact(None))
+    return _CACHE[pipeline]
+
+
+def _one(job: tuple[str, str, float, int, float]) -> tuple[str, str, float, int, float]:
+    pipeline, variant, rate, seed, duration = job
+    setup, wl = _setup(pipeline)
+    system = "horizon"
+    if variant != "on":
+        system, knobs = OFF[variant]
+        if knobs:
+            setup = replace(setup, control=setup.control.model_copy(update=knobs))
+    att = point(setup, wl, system, rate, seed, duration)["attainment"]
+    return pipeline, variant, rate, seed, att
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pipelines", default=",".join(RATES))
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    pipes = [p for p in args.pipelines.split(",") if p]
+    print(f"SIMULATED, never-worse per mechanism, {args.seeds} seeds, {args.duration:g}-s points")
+    jobs = [
+        (p, v, r, s, args.duration)
+        for p in pipes
+        for v in ("on", *OFF)
+        for r in RATES[p]
+        for s in range(args.seeds)
+    ]
+    att: dict[tuple[str, str, float, int], float] = {}
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for p, v, r, s, a in pool.map(_one, jobs, chunksize=4):
+            att[(p, v, r, s)] = a
+    failures = []
+    for p in pipes:
+        ctl = _setup(p)[0].control
+        print(f"\n## {p} (throttling_pays {ctl.throttling_pays}, reservation_pays "
+              f"{ctl.reservation_pays})\n")  # fmt: skip
+        print("| mechanism | " + " | ".join(f"{r:g} req/s" for r in RATES[p]) + " | verdict |")
+        print("|---" * (len(RATES[p]) + 2) + "|")
+        for v in OFF:
+            cells, ok = [], True
+            for r in RATES[p]:
+                diff = [att[(p, "on", r, s)] - att[(p, v, r, s)] for s in range(args.seeds)]
+                mean, spread = statistics.fmean(diff), max(diff) - min(diff)
+                cells.append(f"{100 * mean:+.1f} ± {100 * spread:.1f}")
+                if mean < -spread:
+                    ok = False
+            verdict = "never worse" if ok else "WORSE"
+            if not ok:
+                failures.append(f"{p}/{v}")
+            print(f"| {v} | " + " | ".join(cells) + f" | {verdict} |")
+    print("\ncells: mean of (on − off) over seeds, pp ± the seed-to-seed spread of that difference")
+    print("failing:", ", ".join(failures) or "none")
+
+
+if __name__ == "__main__":
+    main()
