@@ -280,12 +280,22 @@ def _pipeline(
         notes.measured(
             "shared.corun_prefill_factor", f"{ptoks}-token prefill, co-running / alone; {at_full}"
         )
+    # The engine's own prompt template: media tokens per input image (not the model card's).
+    image_tokens = get_preset(raw["options"]["preset"]).tokens_per_image
+    if sh.get("tokens_per_image"):
+        sh["tokens_per_image"] = float(image_tokens)
+        notes["shared.tokens_per_image"] = (
+            f"engine setting: the reference engine's prompt holds {image_tokens} tokens per "
+            "input image"
+        )
     for k in (
         "sm_switch_s", "max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
-        "tokens_per_audio_second", "tokens_per_image", "tokens_per_video_second",
+        "tokens_per_audio_second", "tokens_per_video_second",
         "decode_tokens_per_output_audio_second", "handoff_after_tokens",
     ):  # fmt: skip
         notes.carried(f"shared.{k}", "engine limits / model facts")
+    if "shared.tokens_per_image" not in notes:
+        notes.carried("shared.tokens_per_image", "engine limits / model facts")
 
     # -- downstream -------------------------------------------------------------------------------
     alones = raw.get("downstream_alone", {})
