@@ -211,7 +211,9 @@ class SchedulingPolicy:
         itself. A preemption costs the victim's recompute, so it is taken only for a short-path
         prompt that needs a place sooner (`TemporalScheduler.short_needs_place`): a protected
         one, or one that can still meet its deadline but not after that wait; never for one
-        already late; and only when the victim's recompute costs less than the wait saved.
+        already late; and only when the victim's recompute, paid by every request waiting at
+        the shared stage, costs less than the wait saved (so an overloaded stage, with a long
+        queue, stops converting its throughput into recomputes).
         """
         temporal = self.temporal
         if not self.preemption or not temporal.short_waiting:
@@ -222,11 +224,13 @@ class SchedulingPolicy:
         victim = choose_victim(running, now, signals, handed_off)
         if victim is None:
             return None
-        # The victim's recompute (its prompt and decoded tokens, prefilled again) must cost the
-        # shared stage less than the wait it saves, or the preemption only adds work.
+        # The victim's recompute (its prompt and decoded tokens, prefilled again) delays every
+        # waiting request by its length: their sum must be less than the wait it saves, or the
+        # preemption only adds work.
         sig = signals(victim)
         recompute = sig.prefill_s + sig.decoded_tokens * sig.costs.prefill_s_per_token
-        return victim if recompute < sooner else None
+        waiting = max(1, temporal.short_waiting + temporal.long_waiting)
+        return victim if recompute * waiting < sooner else None
 
     @staticmethod
     def prefill_sms(sm: SmDecision, prompts: Iterable[RequestSignals], now: float) -> int:

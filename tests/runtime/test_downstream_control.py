@@ -201,6 +201,18 @@ def test_preemption_serves_only_a_short_request_that_needs_a_place_in_time() -> 
     assert ask(0.001, 10.0) is long_sig
     long_sig.record_progress(decoded=10**6)
     assert ask(0.002, 10.0) is None
+    # The recompute delays every waiting request: with a long queue the same victim is kept.
+    policy = make_policy("horizon", make_config())
+    long_sig = policy.profiler.annotate("long", 0.0, priority=10)
+    long_sig.record_progress(prefilled=True, decoded=200)
+    running = [long_sig]
+    policy.admit("text", 0.0, priority=0)
+    recompute = long_sig.prefill_s + 200 * long_sig.costs.prefill_s_per_token
+    wait_saved = 10.0  # no place frees before the text request's deadline
+    assert ask(0.001, wait_saved) is long_sig
+    for i in range(int(wait_saved / recompute) + 1):  # enough waiters to outweigh the saving
+        policy.admit(f"queued-{i}", 0.0, priority=10)
+    assert ask(0.002, wait_saved) is None
     for name in ("fcfs", "priority", "horizon-no-preemption"):
         assert make_policy(name, make_config()).preemption is False
 
