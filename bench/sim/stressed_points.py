@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from horizonserve.runtime.bench.metrics import summarize
 from horizonserve.runtime.calibrate.artifact import load_artifact
 from horizonserve.runtime.sim.engine import simulate
-from horizonserve.runtime.sim.setup import SimSetup
-from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
 from horizonserve.runtime.sim.systems import BASELINES
-from horizonserve.runtime.workload import generate, load_workload, mix_weights
+from horizonserve.runtime.workload import generate, mix_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import measured_setup
 
 STRESSED = {
     "qwen2_5_omni": (8.0, 10.0, 12.0),
@@ -36,9 +39,7 @@ def main() -> None:
     art = load_artifact(None)
     print(f"SIMULATED, artifact {art.source[:60]}…, {args.seeds} seeds, {args.duration:g}-s points")
     for pipe, rates in STRESSED.items():
-        setup = SimSetup.load(pipe, art)
-        wl = load_workload(pipe)
-        setup = setup.with_solo_p95(measure_solo_p95(setup, wl, seed=0, n=200), solo_source(200, 0))
+        setup, wl = measured_setup(pipe, art)
         mix = mix_weights(wl, setup.long_classes, None)
         for rate in rates:
             rows = {}
