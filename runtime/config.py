@@ -279,6 +279,14 @@ class ControlParams(_Model):
         "late it has missed its SLO and competes as an ordinary request, so protection is "
         "spent on requests that can still meet theirs.",
     )
+    late_yield: bool = Field(
+        True,
+        description="A waiting prefill past its deadline follows every on-time one in the "
+        "shared stage's queue, and the long-path cap goes to on-time prefills first. Late "
+        "requests still fill what the on-time ones leave (nothing is dropped); under overload "
+        "the stage stops spending itself on requests already lost. Ignored with "
+        "protect_past_deadline.",
+    )
     reservation_pays: bool = Field(
         True,
         description="Calibration's verdict for this pipeline: the downstream co-runner steps "
@@ -357,6 +365,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "throttling_pays": True,
     "reservation_pays": True,
     "shared_hold_s": 0.0,
+    "late_yield": False,
 }
 
 

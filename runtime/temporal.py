@@ -15,6 +15,12 @@ Visibility rules for one step (hidden requests stay in the queue, untouched):
     earliest deadline first.
 A phase whose path has no ordinary prefill waiting yields to the other path (work conserving).
 
+Late prefills yield (`late_yield`, HorizonServe's policies): a waiting prefill past its deadline
+has missed its SLO, so the view puts every visible late one after the on-time ones, and the
+long-path cap goes to on-time prefills first. Late requests still fill whatever the on-time
+ones leave, so nothing is dropped; but under overload the stage stops spending itself on
+requests that are already lost, which otherwise makes every request behind them late too.
+
 The index is incremental: add/remove are O(log n) and `plan` costs O(log n) amortised, so the
 per-step cost does not grow with the waiting queue. The base scheduler then walks the queue with
 `StepView.iter_visible` (lazy) or takes `split` (materialised) and `restore` afterwards.
@@ -63,32 +69,40 @@ class StepView:
     step: int
     phase: Phase  # effective phase after work conservation
     n: int  # short-path phases in the current cycle
-    long_limit: tuple[float, int] | None  # ordinary long visible iff (deadline, seq) <= this
-    long_visible: bool  # False: no ordinary long-path prefill is visible this step
+    long_limit: tuple[float, int] | None  # on-time ordinary long visible iff (d, seq) <= this
+    long_visible: bool  # False: no on-time ordinary long-path prefill is visible this step
     visible: int  # how many waiting requests are visible: a walk stops after that many
     edf: bool = False  # the base scheduler sees visible requests in deadline order
     by_priority: bool = False  # … in (API priority code, admission) order (vLLM's priority)
     # Long-path phases: the index that holds this step's visible set (see `members`).
     index: TemporalScheduler | None = field(default=None, repr=False, compare=False)
+    # Late ordinary long-path prefills: visible iff late_long_visible and (d, seq) <= late_limit.
+    late_limit: tuple[float, int] | None = None
+    late_long_visible: bool = False
+    late: int = 0  # visible late prefills, yielded after every on-time one (0: queue order)
+    long_hidden: bool = False  # some ordinary long-path prefill is hidden this step
 
     def is_visible(self, sig: RequestSignals) -> bool:
         if sig.prefilled or sig.protected:
             return True
         if not sig.long_path:
             return self.phase is not Phase.LONG
-        if not self.long_visible:
-            return False
-        limit = self.long_limit
-        return limit is None or (sig.deadline, sig.seq) <= limit
+        if sig.late:
+            visible, limit = self.late_long_visible, self.late_limit
+        else:
+            visible, limit = self.long_visible, self.long_limit
+        return visible and (limit is None or (sig.deadline, sig.seq) <= limit)
 
     def members(self) -> list[RequestSignals] | None:
-        """This step's visible requests in index-entry order, read from the index in O(visible).
+        """This step's visible requests in view order, read from the index in O(visible).
 
         Long-path phases only (None otherwise). Valid until the waiting queue changes: call it
         right after `plan`. Equals the walk's sequence on a queue kept in entry order.
         """
         index = self.index
-        return None if index is None else index._long_members(self.long_visible, False)
+        if index is None:
+            return None
+        return index._long_members(self.long_visible or self.late_long_visible, False)
 
     def iter_visible(
         self,
@@ -98,7 +112,8 @@ class StepView:
     ) -> Iterator[T]:
         """Lazily yield the visible requests in view order (materialised when EDF).
 
-        View order is queue order (deadline order when EDF). `lookup` maps a waiting request's
+        View order is queue order (deadline order when EDF), late prefills after the on-time
+        ones when the view has any (`late`). `lookup` maps a waiting request's
         signals to its item in `waiting`; pass it only when `waiting` is in index-entry order
         (FIFO, re-queued requests at the tail). With it a long-path phase yields `members`
         mapped through `lookup` (see MEMBERS_LONG_MAX): the same sequence, without walking past
@@ -107,7 +122,7 @@ class StepView:
         """
         index = self.index
         if lookup is not None and index is not None:
-            members = index._long_members(self.long_visible, True)
+            members = index._long_members(self.long_visible or self.late_long_visible, True)
             if members is not None:
                 return map(lookup, members)
         return self._walk(waiting, signals)
@@ -122,9 +137,11 @@ class StepView:
             return
         # is_visible, inlined: this loop is the per-step cost the base scheduler pays. It ends
         # after the last visible request, so it costs O(position of the last one it yields).
+        # Late visible requests wait in `deferred` and follow the on-time ones.
         show_short = self.phase is not Phase.LONG
-        long_visible = self.long_visible
-        limit = self.long_limit
+        long_visible, limit = self.long_visible, self.long_limit
+        late_long, late_limit = self.late_long_visible, self.late_limit
+        deferred: list[T] | None = [] if self.late else None
         for item in waiting:
             sig = signals(item)
             if sig.prefilled or sig.protected:
@@ -132,12 +149,22 @@ class StepView:
             elif not sig.long_path:
                 if not show_short:
                     continue
+            elif sig.late:
+                if not late_long or (
+                    late_limit is not None and (sig.deadline, sig.seq) > late_limit
+                ):
+                    continue
             elif not long_visible or (limit is not None and (sig.deadline, sig.seq) > limit):
                 continue
-            yield item
+            if deferred is not None and sig.late:
+                deferred.append(item)
+            else:
+                yield item
             left -= 1
             if not left:
-                return
+                break
+        if deferred:
+            yield from deferred
 
     def split(
         self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]
@@ -152,6 +179,8 @@ class StepView:
             visible.sort(key=lambda item: _deadline_key(signals(item)))
         elif self.by_priority:
             visible.sort(key=lambda item: _priority_key(signals(item)))
+        elif self.late:
+            visible.sort(key=lambda item: signals(item).late)  # stable: queue order within
         return visible, hidden
 
 
@@ -204,11 +233,14 @@ class TemporalScheduler:
         "_expiry",
         "_heap",
         "_keep_late",
+        "_late_last",
+        "_long_late",
         "_long_ordinary",
         "_long_waiting",
         "_n",
         "_rotation",
         "_short_fifo",
+        "_short_late",
         "_short_protected",
         "_short_waiting",
         "_shown",
@@ -224,9 +256,12 @@ class TemporalScheduler:
         rotation: bool = True,
         edf: bool = False,
         by_priority: bool = False,
+        late_yield: bool = False,
     ) -> None:
         if by_priority and (edf or rotation):
             raise ValueError("priority order is a plain queue order: no rotation, no EDF")
+        if late_yield and (edf or by_priority):
+            raise ValueError("late_yield reorders a FIFO view: not with EDF or priority order")
         self._control = control
         self._rotation = rotation
         self._edf = edf
@@ -236,12 +271,16 @@ class TemporalScheduler:
         self._cycle_pos = 0
         self._step = 0
         self._keep_late = control.protect_past_deadline
+        self._late_last = late_yield and not self._keep_late
         # (protect_at, seq, sig) of waiting ordinary prefills; stale entries skipped lazily.
         self._heap: list[tuple[float, int, RequestSignals]] = []
         # (deadline, seq, sig) of waiting protected prefills, for expiry; stale entries skipped.
         self._expiry: list[tuple[float, int, RequestSignals]] = []
-        # (deadline, seq, sig) of waiting, unprotected long-path prefills, sorted.
+        # (deadline, seq, sig) of waiting, unprotected, on-time long-path prefills, sorted; and
+        # of the late ones. After `plan`'s refresh every late deadline is below every on-time
+        # one, so the two lists, late first, are the ordinary long-path prefills in deadline order.
         self._long_ordinary: list[tuple[float, int, RequestSignals]] = []
+        self._long_late: list[tuple[float, int, RequestSignals]] = []
         # Entry order: a waiting request's ticket, increasing with each `add`.
         self._entry: dict[RequestSignals, int] = {}
         self._tickets = itertools.count()
@@ -253,6 +292,7 @@ class TemporalScheduler:
         # (ticket, sig) of short-path prefills in entry order; stale heads dropped lazily.
         self._short_fifo: deque[tuple[int, RequestSignals]] = deque()
         self._short_protected = 0  # … of which protected
+        self._short_late = 0  # … of which late
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
 
@@ -273,12 +313,14 @@ class TemporalScheduler:
         if sig.long_path:
             self._long_waiting += 1
             if not sig.protected:
-                insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
+                insort(self._long_list(sig), (sig.deadline, sig.seq, sig))
         else:
             self._short_waiting += 1
             self._short_fifo.append((entry, sig))
             if sig.protected:
                 self._short_protected += 1
+            elif sig.late:
+                self._short_late += 1
         if sig.protected:
             self._shown.append(sig)
             self._shown_entries.append(entry)
@@ -306,11 +348,17 @@ class TemporalScheduler:
             self._short_waiting -= 1
             if sig.protected:
                 self._short_protected -= 1
+            elif sig.late:
+                self._short_late -= 1
         sig.protected = False  # heap entries become stale and are skipped when popped
         sig.late = False
 
+    def _long_list(self, sig: RequestSignals) -> list[tuple[float, int, RequestSignals]]:
+        """The sorted list an unprotected long-path prefill belongs to (by `sig.late`)."""
+        return self._long_late if sig.late else self._long_ordinary
+
     def _drop_long(self, sig: RequestSignals) -> None:
-        lst = self._long_ordinary
+        lst = self._long_list(sig)
         i = bisect_left(lst, (sig.deadline, sig.seq))
         if i < len(lst) and lst[i][2] is sig:
             del lst[i]
@@ -358,28 +406,39 @@ class TemporalScheduler:
                 self._mark_late(sig, was_protected=True)
 
     def _mark_late(self, sig: RequestSignals, *, was_protected: bool) -> None:
-        """Past its deadline: the request competes as an ordinary one from now on."""
+        """Past its deadline: the request competes as an ordinary, late one from now on."""
+        if sig.late:
+            return
+        if was_protected:
+            sig.protected = False
+            self._unshow(self._entry[sig])
+            if not sig.long_path:
+                self._short_protected -= 1
+        elif sig.long_path:
+            self._drop_long(sig)  # from the on-time list
         sig.late = True
-        if not was_protected:
-            return  # already counted (and listed, if long-path) as ordinary
-        sig.protected = False
-        self._unshow(self._entry[sig])
         if sig.long_path:
-            insort(self._long_ordinary, (sig.deadline, sig.seq, sig))
+            insort(self._long_late, (sig.deadline, sig.seq, sig))
         else:
-            self._short_protected -= 1
+            self._short_late += 1
 
     def plan(self, now: float) -> StepView:
         """Decide this step's view and advance the rotation by one step."""
         self._refresh_protected(now)
         step = self._step
         self._step = step + 1
-        long_n = len(self._long_ordinary)
+        on_time, late = self._long_ordinary, self._long_late
+        long_n = len(on_time) + len(late)
         cont = self._continuations
         long_protected = self._long_waiting - long_n
+        late_last = self._late_last
         if not self._rotation:
             total = cont + self._short_waiting + self._long_waiting
-            return StepView(step, Phase.ALL, 0, None, True, total, self._edf, self._by_priority)
+            n_late = self._short_late + len(late) if late_last else 0
+            return StepView(
+                step, Phase.ALL, 0, None, True, total, self._edf, self._by_priority,
+                late_long_visible=True, late=n_late,
+            )  # fmt: skip
         control = self._control
         if self._cycle_pos == 0:
             self._n = rotation_n(control, self._short_protected, self._short_waiting)
@@ -393,42 +452,80 @@ class TemporalScheduler:
             phase = Phase.SHORT
         if phase is Phase.SHORT:
             visible = cont + self._short_waiting + long_protected
-            return StepView(step, phase, n, None, False, visible)
+            n_late = self._short_late if late_last else 0
+            return StepView(
+                step, phase, n, None, False, visible, late=n_late, long_hidden=long_n > 0
+            )
         visible = cont + self._short_protected + long_protected
         cap = self._cap
         if cap == 0:
-            return StepView(step, phase, n, None, False, visible, False, False, self)
-        limit = self._long_ordinary[cap - 1][:2] if long_n > cap else None
-        return StepView(step, phase, n, limit, True, visible + min(cap, long_n), False, False, self)
+            return StepView(step, phase, n, None, False, visible, index=self, long_hidden=True)
+        if not late_last:
+            # One deadline order over both lists (late first): the cap's earliest deadlines.
+            limit = None
+            if long_n > cap:
+                limit = late[cap - 1][:2] if cap <= len(late) else on_time[cap - 1 - len(late)][:2]
+            return StepView(
+                step, phase, n, limit, True, visible + min(cap, long_n), index=self,
+                late_limit=limit, late_long_visible=True, long_hidden=long_n > cap,
+            )  # fmt: skip
+        # On-time long-path prefills take the cap first; late ones get the places left.
+        shown_on = min(cap, len(on_time))
+        rest = cap - shown_on
+        shown_late = min(rest, len(late))
+        return StepView(
+            step, phase, n,
+            on_time[cap - 1][:2] if len(on_time) > cap else None, shown_on > 0,
+            visible + shown_on + shown_late, index=self,
+            late_limit=late[rest - 1][:2] if len(late) > rest > 0 else None,
+            late_long_visible=shown_late > 0, late=shown_late, long_hidden=long_n > cap,
+        )  # fmt: skip
 
     def _long_members(self, long_visible: bool, gate: bool) -> list[RequestSignals] | None:
         """A long-path phase's visible set in entry order: the shown requests (in entry order)
-        with the first `cap` ordinary long-path prefills merged in. gate: None where walking
-        the queue is cheaper (see MEMBERS_LONG_MAX)."""
-        lo = self._long_ordinary
-        if gate and self._cap > MEMBERS_LONG_MAX:
-            shown_long = min(self._cap, len(lo))
+        with the capped ordinary long-path prefills merged in (late ones after every on-time
+        one, with `late_yield`). gate: None where walking the queue is cheaper (see
+        MEMBERS_LONG_MAX). `long_visible`: the view shows ordinary long-path prefills."""
+        on_time, late = self._long_ordinary, self._long_late
+        cap = self._cap
+        if gate and cap > MEMBERS_LONG_MAX:
+            shown_long = min(cap, len(on_time) + len(late))
             if shown_long > MEMBERS_LONG_MAX and 4 * shown_long > len(self._entry):
                 return None
-        if not long_visible or not lo:
+        if not long_visible or cap == 0 or not (on_time or late):
             return self._shown[:]
         entry = self._entry
-        cap = self._cap
-        if cap == 1 or len(lo) == 1:
-            capped = [lo[0][2]]
-        elif cap == 2 or len(lo) == 2:  # the default cap, spelled out: this is the hot path
-            first, second = lo[0][2], lo[1][2]
-            capped = [first, second] if entry[first] < entry[second] else [second, first]
+        if not late:
+            capped, tail = self._first_by_entry(on_time, cap), []
+        elif self._late_last:
+            capped = self._first_by_entry(on_time, cap)
+            tail = self._first_by_entry(late, cap - len(capped))
         else:
-            capped = list(map(_sig_of_entry, lo[:cap]))
-            capped.sort(key=entry.__getitem__)
+            capped, tail = self._first_by_entry(late[:cap] + on_time[:cap], cap), []
         if not self._shown:
-            return capped
+            return capped + tail
         members = self._shown[:]
         entries = self._shown_entries
         for sig in reversed(capped):  # descending entry: earlier positions stay valid
             members.insert(bisect_left(entries, entry[sig]), sig)
+        members.extend(tail)
         return members
+
+    def _first_by_entry(
+        self, lst: list[tuple[float, int, RequestSignals]], k: int
+    ) -> list[RequestSignals]:
+        """The first k of a deadline-sorted list, in entry order."""
+        if k <= 0 or not lst:
+            return []
+        entry = self._entry
+        if k == 1 or len(lst) == 1:
+            return [lst[0][2]]
+        if k == 2 or len(lst) == 2:  # the default cap, spelled out: this is the hot path
+            first, second = lst[0][2], lst[1][2]
+            return [first, second] if entry[first] < entry[second] else [second, first]
+        capped = list(map(_sig_of_entry, lst[:k]))
+        capped.sort(key=entry.__getitem__)
+        return capped
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property
@@ -463,9 +560,17 @@ class TemporalScheduler:
             waits = [s.can_wait_s(now) for s in self._shown if not s.long_path and not s.prefilled]
             return next_free_s - max(0.0, min(waits, default=0.0))
         fifo, entry = self._short_fifo, self._entry
+        late_last = self._late_last
         while fifo:
             ticket, sig = fifo[0]
-            if sig.waiting and not sig.prefilled and entry.get(sig) == ticket:
+            # A late head stays late while it waits; with `late_yield` it follows the on-time
+            # ones, so the earliest-entered on-time one is the next to be served.
+            if (
+                sig.waiting
+                and not sig.prefilled
+                and entry.get(sig) == ticket
+                and not (late_last and sig.late)
+            ):
                 left = sig.can_wait_s(now)
                 return next_free_s - left if 0.0 <= left < next_free_s else None
             fifo.popleft()
@@ -484,4 +589,9 @@ class TemporalScheduler:
     @property
     def protected_waiting(self) -> int:
         """Prefills waiting while protected, either path (as of the last `plan`)."""
-        return self._short_protected + self._long_waiting - len(self._long_ordinary)
+        return (
+            self._short_protected
+            + self._long_waiting
+            - len(self._long_ordinary)
+            - len(self._long_late)
+        )

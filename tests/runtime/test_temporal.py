@@ -65,13 +65,20 @@ def make_queue(control: ControlParams | None = None, **kw: bool) -> Queue:
     )
 
 
-def oracle_visible(view: StepView, items: list[RequestSignals], now: float, cap: int) -> list:
-    """Visibility from the definitions, recomputed from scratch."""
-    # Protected from protect_at until the deadline; late requests compete as ordinary ones.
+def oracle_visible(
+    view: StepView, items: list[RequestSignals], now: float, cap: int, late_yield: bool = False
+) -> list:
+    """Visibility (and view order) from the definitions, recomputed from scratch."""
+    # Protected from protect_at until the deadline; late requests compete as ordinary ones,
+    # and with late_yield after every on-time one (the long-path cap too).
     protected = {id(s) for s in items if not s.prefilled and s.protect_at < now <= s.deadline}
+
+    def late(s: RequestSignals) -> bool:
+        return late_yield and not s.prefilled and now > s.deadline
+
     ordinary_long = sorted(
         (s for s in items if s.long_path and not s.prefilled and id(s) not in protected),
-        key=lambda s: (s.deadline, s.seq),
+        key=lambda s: (late(s), s.deadline, s.seq),
     )
     capped = {id(s) for s in ordinary_long[:cap]}
 
@@ -82,7 +89,7 @@ def oracle_visible(view: StepView, items: list[RequestSignals], now: float, cap:
             return not s.long_path
         return s.long_path and id(s) in capped
 
-    return [s for s in items if visible(s)]
+    return sorted((s for s in items if visible(s)), key=late)  # stable: queue order within
 
 
 ops = st.lists(
@@ -98,11 +105,12 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(ops=ops, cap=st.integers(min_value=0, max_value=3))
-def test_view_matches_definitions(ops: list, cap: int) -> None:
-    """Incremental index == brute force; protected/continuations never hidden; EDF cap."""
-    q = make_queue(ControlParams(long_path_cap=cap))
+@settings(max_examples=200, deadline=None)
+@given(ops=ops, cap=st.integers(min_value=0, max_value=3), late_yield=st.booleans())
+def test_view_matches_definitions(ops: list, cap: int, late_yield: bool) -> None:
+    """Incremental index == brute force; protected/continuations never hidden; EDF cap; with
+    late_yield, late prefills after the on-time ones and last in line for the cap."""
+    q = make_queue(ControlParams(long_path_cap=cap), late_yield=late_yield)
     now = 0.0
     for op, cls, prefilled, dt, pick in ops:
         now += dt
@@ -113,7 +121,10 @@ def test_view_matches_definitions(ops: list, cap: int) -> None:
         else:
             view = q.sched.plan(now)
             visible, hidden = view.split(q.items, _ident)
-            assert visible == oracle_visible(view, q.items, now, cap)
+            assert visible == oracle_visible(view, q.items, now, cap, late_yield)
+            assert view.late == sum(now > s.deadline and not s.prefilled for s in visible) * (
+                late_yield
+            )
             assert list(view.iter_visible(q.items, _ident)) == visible
             assert list(view.iter_visible(q.items, _ident, _ident)) == visible
             assert view.visible == len(visible)
@@ -136,6 +147,8 @@ def walk(view: StepView, items: list[RequestSignals]) -> list[RequestSignals]:
         return view.split(items, _ident)[0]
     out = [s for s in items if view.is_visible(s)]
     assert len(out) == view.visible
+    if view.late:
+        out.sort(key=lambda s: s.late)
     return out
 
 
@@ -159,9 +172,10 @@ queue_ops = st.lists(
     cap=st.integers(min_value=0, max_value=4),
     keep_late=st.booleans(),
     batch=st.integers(min_value=0, max_value=4),
+    late_yield=st.booleans(),
 )
 def test_long_phase_members_equal_the_walk(
-    ops: list, cap: int, keep_late: bool, batch: int
+    ops: list, cap: int, keep_late: bool, batch: int, late_yield: bool
 ) -> None:
     """Long-path phases: the index's members, looked up, are the walk's exact sequence on a
     queue in entry order (re-queued requests at the tail), also when the caller dequeues what
@@ -169,7 +183,7 @@ def test_long_phase_members_equal_the_walk(
     control = ControlParams(
         long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
     )
-    q = make_queue(control)
+    q = make_queue(control, late_yield=late_yield)
     now = 0.0
     for op, cls, prefilled, dt, pick in ops:
         now += dt

@@ -418,14 +418,13 @@ class SharedStageController:
 
     def _may_hide(self, view: StepView) -> bool:
         """False when the view certainly hides nothing and keeps queue order (O(1))."""
-        if view.edf:
-            return True
+        if view.edf or view.late:
+            return True  # the view reorders
         if view.phase is Phase.ALL:
             return False
         if view.phase is Phase.SHORT:
             return self.n_long_prefill > 0
-        long_hidden = not view.long_visible or view.long_limit is not None
-        return self.n_short_prefill > 0 or (long_hidden and self.n_long_prefill > 0)
+        return self.n_short_prefill > 0 or (view.long_hidden and self.n_long_prefill > 0)
 
     def hide(self, sched: Any, view: StepView, victims: list | None = None) -> _Token | None:
         """Swap in queues holding only what the base scheduler may see; None: nothing to do.
