@@ -22,7 +22,11 @@ meetable heap is kept lazily: an entry found late at the top moves to the late h
 Continuity (`PlaybackClock`). Once a stream's first chunk is out the client plays it in real
 time. Credit = audio generated − audio played. A chunk that arrives after the client ran dry is
 an underrun (counted per stream; playback resumes when it arrives). A stream holding more credit
-than `margin` may yield its step to a request still waiting for its first chunk (`may_yield`).
+than `margin` may yield its step to a request still waiting for its first chunk (`may_yield`),
+but only while such a request is in the step and none waits for a place (`streams_may_yield`):
+a yielded step frees no place, and a stream paced at real time holds its place for the whole of
+its audio, so yielding while requests queue for places would turn the stage's throughput into
+waiting.
 `realtime_streams` is how many streams a stage can keep at real time; admission stops there.
 """
 
@@ -260,6 +264,13 @@ class PlaybackClock:
     def may_yield(self, now: float, margin_s: float) -> bool:
         """The stream can skip a step without risking an underrun (credit above the margin)."""
         return self.start is not None and self.credit(now) > margin_s
+
+
+def streams_may_yield(first_chunk_in_step: bool, waiting_for_place: bool) -> bool:
+    """Whether started streams may sit this step out (each then by `PlaybackClock.may_yield`):
+    only for a request in this step that still owes its first chunk, and never while a request
+    waits for a place (the streams must finish to free one)."""
+    return first_chunk_in_step and not waiting_for_place
 
 
 def realtime_streams(

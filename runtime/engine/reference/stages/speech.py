@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from horizonserve.runtime.downstream import PlaybackClock
+from horizonserve.runtime.downstream import PlaybackClock, streams_may_yield
 from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
@@ -153,14 +153,16 @@ class SpeechStage:
         self.pending.set_order(rules.slack)
 
     def _yielding(self, plan: BatchPlan) -> list[Sequence]:
-        """This step's decodes: while a request waits for its first chunk, started streams
-        holding more playback credit than the margin sit the step out (their audio is ahead
-        of the listener, so a skipped step cannot make them underrun)."""
+        """This step's decodes: while a request in the step waits for its first chunk and none
+        waits for a place (`streams_may_yield`), started streams holding more playback credit
+        than the margin sit the step out (their audio is ahead of the listener, so a skipped
+        step cannot make them underrun). Call after admission: `pending` is what waits."""
         margin = self.rules.yield_margin_s
         decode = plan.decode
         if margin is None or not decode:
             return decode
-        if not (plan.prefill or self.pending or any(s.payload.chunks == 0 for s in decode)):
+        first_in_step = bool(plan.prefill) or any(s.payload.chunks == 0 for s in decode)
+        if not streams_may_yield(first_in_step, waiting_for_place=bool(self.pending)):
             return decode
         now = self._clock()
         kept = [s for s in decode if not s.payload.clock.may_yield(now, margin)]
