@@ -34,6 +34,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "downstream control": ("horizon-no-downstream", {}),
     "preemption": ("horizon-no-preemption", {}),
     "path rotation": ("horizon-no-rotation", {}),
+    "late yield": ("horizon", {"late_yield": False}),
 }
 _CACHE: dict[str, tuple[SimSetup, Any]] = {}
 

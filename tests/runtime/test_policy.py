@@ -99,3 +99,27 @@ def test_prefill_sms_is_the_cap_without_boost_or_throttling(name: str, boost: bo
     text = policy.admit("t", 0.0, priority=0)
     sm = policy.step(0.01, downstream_active=True, pressure_sample=0.2).sm
     assert policy.prefill_sms(sm, [text], 0.01) == sm.shared
+
+
+@pytest.mark.parametrize(
+    ("name", "late_yield", "late_last"),
+    [("horizon", True, True), ("horizon-no-rotation", True, True), ("horizon", False, False),
+     ("fcfs", True, False)],
+)  # fmt: skip
+def test_late_prefills_follow_on_time_ones_under_horizonserve_only(
+    name: str, late_yield: bool, late_last: bool
+) -> None:
+    """`late_yield`: a prompt past its deadline (text: 0.5 s) goes behind the on-time ones in
+    HorizonServe's view, not hidden; the baselines and the knob off keep queue order."""
+    config = make_config()
+    config = config.model_copy(
+        update={"control": config.control.model_copy(update={"late_yield": late_yield})}
+    )
+    policy = make_policy(name, config)
+    old = policy.admit("old", 0.0, priority=0)
+    new = policy.admit("new", 0.9, priority=0)
+    view = policy.step(1.0, downstream_active=False).view
+    assert old.late
+    expected = [new, old] if late_last else [old, new]
+    assert list(view.iter_visible([old, new], _ident)) == expected
+    assert view.split([old, new], _ident) == (expected, [])

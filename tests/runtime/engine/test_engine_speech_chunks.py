@@ -27,6 +27,7 @@ from horizonserve.runtime.engine.reference.protocol import (  # noqa: E402
     Handoff,
     WireTensor,
 )
+from horizonserve.runtime.engine.reference.stages.admission import DownstreamRules  # noqa: E402
 from horizonserve.runtime.engine.reference.stages.code2wav import Code2WavStage  # noqa: E402
 from horizonserve.runtime.engine.reference.stages.speech import SpeechStage  # noqa: E402
 
@@ -157,3 +158,58 @@ def test_code2wav_abort_and_cancel_drop_streams_and_their_queued_chunks() -> Non
 def test_preset_chunk_sizes_come_from_the_deploy_description() -> None:
     full = get_preset("full")
     assert (full.first_chunk, full.code_chunk, full.code2wav_max_batch) == (25, 25, 16)
+
+
+def _yielding_talker(chunks: list[CodeChunk], slots: int) -> SpeechStage:
+    """A talker with `slots` places whose streams yield above 0.5 s of credit; its clock
+    stands still, so a started stream's credit only grows."""
+    preset = replace(PRESET, talker_limits=replace(PRESET.talker_limits, max_batch=slots))
+    torch.manual_seed(0)
+    model = materialize(lambda: DecoderLM(preset.talker), CPU, torch.float32)
+    talker = ArExecutor(model, preset.talker_limits, keep_hidden=False, graphs=False)
+    proj = materialize(
+        lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
+    )
+    stage = SpeechStage(
+        talker, proj, preset, emit=lambda _ev: None, send=chunks.append, clock=lambda: 100.0
+    )
+    stage.configure(DownstreamRules(slack=True, yield_margin_s=0.5))
+    return stage
+
+
+def _codes(chunks: list[CodeChunk], rid: str) -> int:
+    return sum(len(c.codes) for c in chunks if c.rid == rid)
+
+
+def test_a_started_stream_yields_to_a_first_chunk_in_the_step() -> None:
+    chunks: list[CodeChunk] = []
+    stage = _yielding_talker(chunks, slots=2)
+    stage.submit(_handoff("a", 40))
+    for _ in range(4):  # its first chunk (3 codes, 0.75 s of audio at 4 codes/s) is out
+        stage.iterate()
+    before = len(stage.batcher.running[0].payload.codes) + _codes(chunks, "a")
+    stage.submit(_handoff("b", 8))
+    stage.iterate()  # b is admitted: a, 0.75 s ahead of its listener, sits the step out
+    assert stage.yielded == 1
+    assert len(stage.batcher.running[0].payload.codes) + _codes(chunks, "a") == before
+    while not stage.idle:
+        stage.iterate()
+    assert _codes(chunks, "a") == 40 and _codes(chunks, "b") == 8
+
+
+def test_no_stream_yields_while_a_request_waits_for_a_place() -> None:
+    """Yielding frees no place: with every place taken and a request waiting, the started
+    stream keeps decoding until it finishes, and the waiting request is served after it."""
+    chunks: list[CodeChunk] = []
+    stage = _yielding_talker(chunks, slots=1)
+    stage.submit(_handoff("a", 40))
+    for _ in range(4):
+        stage.iterate()
+    stage.submit(_handoff("b", 8))  # no place: it waits
+    for _ in range(200):
+        if stage.idle:
+            break
+        stage.iterate()
+    assert stage.idle, "a stream yielding to a request without a place never finishes"
+    assert stage.yielded == 0
+    assert _codes(chunks, "a") == 40 and _codes(chunks, "b") == 8

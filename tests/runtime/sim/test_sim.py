@@ -520,7 +520,9 @@ def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Ru
 
     The ablation is HorizonServe's temporal policy uncapped under MPS, as the reference engine
     runs it (`sharing_for`). Per seed, mean attainment over the stressed rates: over seeds 0–7
-    the loss was 0.111–0.163 (seed 3 the smallest); tested seeds ≥ 0.123. The backlog lift is
+    the loss was 0.058–0.095 (seed 3 the smallest); tested seeds ≥ 0.079. Both sides yield late
+    prefills (`late_yield`); without it the loss was 0.101–0.152, mostly from the overloaded
+    ablation's late requests blocking on-time ones. The backlog lift is
     off on this artifact; forced on, the loss was 0.023–0.066: at the stressed rates the running
     set is then full most of the time (59–81 % of the iterations at λ = 8 lifted), so the
     throttled policy runs uncapped under MPS much of the time too. Not asserted, because not
@@ -533,7 +535,7 @@ def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Ru
     for seed in SEEDS:
         full = estimate_runs.stressed("horizon", seed)
         ablated = estimate_runs.stressed("horizon-no-throttling", seed)
-        assert ablated < full - 0.08, (seed, full, ablated)
+        assert ablated < full - 0.05, (seed, full, ablated)
 
 
 def _burst_trace(
