@@ -7,7 +7,8 @@ slowdown it causes the thinker when they co-run k times larger (each co-run fact
 backlog lift) are re-derived from the scaled artifact, as a calibration run on such a GPU would
 write them. Mean over seeds; SLO = 5 × simulated solo p95 of the scaled pipeline.
 
-    python bench/sim/large_talker.py [--scales 1,2,3] [--rates 4,6,...] [--seeds 3] > out.txt
+    python bench/sim/large_talker.py [--scales 1,2,3] [--rates 4,6,...] [--seeds 3]
+        [--long-ratio 0.6] > out.txt
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def scaled(art: CalibrationArtifact, k: float) -> CalibrationArtifact:
     return CalibrationArtifact.model_validate(data)
 
 
-def _one(job: tuple[float, float, str, int, float]) -> tuple[float, float, str, float]:
-    k, rate, system, seed, duration = job
+def _one(
+    job: tuple[float, float, str, int, float, float | None],
+) -> tuple[float, float, str, float]:
+    k, rate, system, seed, duration, long_ratio = job
     setup, wl = _setup(k)
-    return k, rate, system, point(setup, wl, system, rate, seed, duration)["attainment"]
+    att = point(setup, wl, system, rate, seed, duration, long_ratio)["attainment"]
+    return k, rate, system, att
 
 
 _CACHE: dict[float, tuple[SimSetup, Any]] = {}
@@ -68,8 +72,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--long-ratio", type=float, default=None, help="speech share (default: mix)")
     args = ap.parse_args()
-    print(f"SIMULATED, {PIPELINE}, talker scaled, {args.seeds} seeds, {args.duration:g}-s points")
+    mix = "default mix" if args.long_ratio is None else f"{args.long_ratio:.0%} speech"
+    print(
+        f"SIMULATED, {PIPELINE}, talker scaled, {args.seeds} seeds, {args.duration:g}-s points, "
+        f"{mix}"
+    )
     for k in args.scales:
         ctl = _setup(k)[0].control
         print(
@@ -77,7 +86,7 @@ def main() -> None:
             f"{ctl.reservation_pays}, backlog_lift {ctl.backlog_lift}"
         )
     jobs = [
-        (k, r, s, seed, args.duration)
+        (k, r, s, seed, args.duration, args.long_ratio)
         for k in args.scales
         for r in args.rates
         for s in SYSTEMS
