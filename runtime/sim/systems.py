@@ -42,7 +42,6 @@ SYSTEMS: dict[str, System] = {
         System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
         System("priority", "Priority (vLLM)", PolicyName.PRIORITY),
         System("priority-mps", "Priority-MPS (vLLM)", PolicyName.PRIORITY, mps=True),
-        System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
         System("horizon-no-throttling", "w/o SM throttling", PolicyName.NO_THROTTLING, mps=True),
         System("horizon-no-downstream", "w/o downstream control", PolicyName.NO_DOWNSTREAM),
         System("horizon-no-preemption", "w/o preemption", PolicyName.NO_PREEMPTION),

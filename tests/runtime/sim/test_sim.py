@@ -592,3 +592,22 @@ def test_planner_brackets_the_sustainable_rate(setup: SimSetup, workload) -> Non
     assert attainment_at(setup, unit, "horizon", res.rate_ok, 0) >= 0.9
     assert attainment_at(setup, unit, "horizon", res.rate_fail, 0) < 0.9
     assert res.attainment_ok is not None and res.attainment_ok >= 0.9
+
+
+def test_late_yield_gains_past_capacity_and_costs_nothing_below_it(
+    setup: SimSetup, workload: WorkloadSpec, measured_runs: Runs
+) -> None:
+    """The never-worse rule for `late_yield`: HorizonServe with late prefills behind the on-time
+    ones against the same controller serving them in queue order. Over seeds 0–7 the two were
+    equal at the stressed rates (no prefill waits past its deadline there) and the rule gained
+    0.029–0.177 at 14 req/s, past capacity (seed 7 the smallest, tested seeds ≥ 0.079): in
+    queue order the oldest, already late prompts go first and every prompt behind them turns
+    late too."""
+    off = replace(setup, control=setup.control.model_copy(update={"late_yield": False}))
+    off_runs = Runs(off, workload)
+    for seed in SEEDS:
+        on, without = measured_runs.stressed("horizon", seed), off_runs.stressed("horizon", seed)
+        assert on >= without - 0.005, (seed, on, without)
+        past_on = measured_runs.run("horizon", 14.0, seed=seed).attainment()
+        past_off = off_runs.run("horizon", 14.0, seed=seed).attainment()
+        assert past_on > past_off + 0.04, (seed, past_on, past_off)
