@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_left, insort
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -54,6 +53,43 @@ T = TypeVar("T")
 # the waiting queue (a big cap shows so many that the walk is cheaper). Both yield one sequence.
 MEMBERS_LONG_MAX = 64
 _sig_of_entry = itemgetter(2)
+_sig_of_pair = itemgetter(1)
+
+
+class _EntryList:
+    """Requests sorted by entry ticket (parallel lists): O(1) append at the tail (a new
+    entry has the largest ticket), O(log n) insert and discard elsewhere."""
+
+    __slots__ = ("_sigs", "_tickets")
+
+    def __init__(self) -> None:
+        self._tickets: list[int] = []
+        self._sigs: list[RequestSignals] = []
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    def append(self, ticket: int, sig: RequestSignals) -> None:
+        self._tickets.append(ticket)
+        self._sigs.append(sig)
+
+    def insert(self, ticket: int, sig: RequestSignals) -> None:
+        i = bisect_left(self._tickets, ticket)
+        self._tickets.insert(i, ticket)
+        self._sigs.insert(i, sig)
+
+    def discard(self, ticket: int) -> None:
+        tickets = self._tickets
+        i = bisect_left(tickets, ticket)
+        if i < len(tickets) and tickets[i] == ticket:
+            del tickets[i]
+            del self._sigs[i]
+
+    def first(self) -> tuple[int, RequestSignals] | None:
+        return (self._tickets[0], self._sigs[0]) if self._tickets else None
+
+    def snapshot(self) -> tuple[list[int], list[RequestSignals]]:
+        return self._tickets[:], self._sigs[:]
 
 
 class Phase(StrEnum):
@@ -96,11 +132,12 @@ class StepView:
     def members(self) -> list[RequestSignals] | None:
         """This step's visible requests in view order, read from the index in O(visible).
 
-        Long-path phases only (None otherwise). Valid until the waiting queue changes: call it
+        Long-path phases only (None otherwise; a short-path phase with late prefills reads the
+        index through `iter_visible` with a lookup). Valid until the waiting queue changes: call it
         right after `plan`. Equals the walk's sequence on a queue kept in entry order.
         """
         index = self.index
-        if index is None:
+        if index is None or self.phase is not Phase.LONG:
             return None
         return index._long_members(self.long_visible or self.late_long_visible, False)
 
@@ -122,6 +159,8 @@ class StepView:
         """
         index = self.index
         if lookup is not None and index is not None:
+            if self.phase is Phase.SHORT:
+                return map(lookup, index._short_members())
             members = index._long_members(self.long_visible or self.late_long_visible, True)
             if members is not None:
                 return map(lookup, members)
@@ -239,8 +278,8 @@ class TemporalScheduler:
         "_long_waiting",
         "_n",
         "_rotation",
-        "_short_fifo",
         "_short_late",
+        "_short_on",
         "_short_protected",
         "_short_waiting",
         "_shown",
@@ -289,10 +328,10 @@ class TemporalScheduler:
         self._shown: list[RequestSignals] = []
         self._shown_entries: list[int] = []
         self._short_waiting = 0  # short-path prefills waiting
-        # (ticket, sig) of short-path prefills in entry order; stale heads dropped lazily.
-        self._short_fifo: deque[tuple[int, RequestSignals]] = deque()
         self._short_protected = 0  # … of which protected
-        self._short_late = 0  # … of which late
+        # … the unprotected ones, on time and late, each as (tickets, sigs) in entry order.
+        self._short_on = _EntryList()
+        self._short_late = _EntryList()
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
 
@@ -316,11 +355,10 @@ class TemporalScheduler:
                 insort(self._long_list(sig), (sig.deadline, sig.seq, sig))
         else:
             self._short_waiting += 1
-            self._short_fifo.append((entry, sig))
             if sig.protected:
                 self._short_protected += 1
-            elif sig.late:
-                self._short_late += 1
+            else:
+                (self._short_late if sig.late else self._short_on).append(entry, sig)
         if sig.protected:
             self._shown.append(sig)
             self._shown_entries.append(entry)
@@ -348,8 +386,8 @@ class TemporalScheduler:
             self._short_waiting -= 1
             if sig.protected:
                 self._short_protected -= 1
-            elif sig.late:
-                self._short_late -= 1
+            else:
+                (self._short_late if sig.late else self._short_on).discard(entry)
         sig.protected = False  # heap entries become stale and are skipped when popped
         sig.late = False
 
@@ -397,6 +435,7 @@ class TemporalScheduler:
                 self._drop_long(sig)
             else:
                 self._short_protected += 1
+                self._short_on.discard(self._entry[sig])
             self._show(sig)
             self._watch_expiry(sig)
         expiry = self._expiry
@@ -409,18 +448,21 @@ class TemporalScheduler:
         """Past its deadline: the request competes as an ordinary, late one from now on."""
         if sig.late:
             return
+        entry = self._entry[sig]
         if was_protected:
             sig.protected = False
-            self._unshow(self._entry[sig])
+            self._unshow(entry)
             if not sig.long_path:
                 self._short_protected -= 1
         elif sig.long_path:
             self._drop_long(sig)  # from the on-time list
+        else:
+            self._short_on.discard(entry)
         sig.late = True
         if sig.long_path:
             insort(self._long_late, (sig.deadline, sig.seq, sig))
         else:
-            self._short_late += 1
+            self._short_late.insert(entry, sig)
 
     def plan(self, now: float) -> StepView:
         """Decide this step's view and advance the rotation by one step."""
@@ -434,7 +476,7 @@ class TemporalScheduler:
         late_last = self._late_last
         if not self._rotation:
             total = cont + self._short_waiting + self._long_waiting
-            n_late = self._short_late + len(late) if late_last else 0
+            n_late = len(self._short_late) + len(late) if late_last else 0
             return StepView(
                 step, Phase.ALL, 0, None, True, total, self._edf, self._by_priority,
                 late_long_visible=True, late=n_late,
@@ -452,10 +494,13 @@ class TemporalScheduler:
             phase = Phase.SHORT
         if phase is Phase.SHORT:
             visible = cont + self._short_waiting + long_protected
-            n_late = self._short_late if late_last else 0
+            n_late = len(self._short_late) if late_last else 0
+            # With late prefills the view reads its sequence from the index (`iter_visible`
+            # with a lookup), so it need not walk past the late ones at the queue's head.
             return StepView(
-                step, phase, n, None, False, visible, late=n_late, long_hidden=long_n > 0
-            )
+                step, phase, n, None, False, visible, index=self if n_late else None,
+                late=n_late, long_hidden=long_n > 0,
+            )  # fmt: skip
         visible = cont + self._short_protected + long_protected
         cap = self._cap
         if cap == 0:
@@ -511,6 +556,22 @@ class TemporalScheduler:
         members.extend(tail)
         return members
 
+    def _short_members(self) -> Iterator[RequestSignals]:
+        """A short-path phase's visible set in view order: the shown requests and the on-time
+        short-path prefills merged in entry order, then the late ones in entry order. Reads
+        snapshots (C-level copies; the late ones' taken when the walk reaches them), so the
+        caller may dequeue what it takes while it iterates; the merge is lazy, so a caller
+        that stops after k requests pays O(k) above the copies."""
+        on_tickets, on = self._short_on.snapshot()
+        if not self._shown:
+            yield from on
+        elif not on:
+            yield from self._shown[:]
+        else:
+            shown = zip(self._shown_entries[:], self._shown[:], strict=True)
+            yield from map(_sig_of_pair, heapq.merge(shown, zip(on_tickets, on, strict=True)))
+        yield from self._short_late.snapshot()[1]
+
     def _first_by_entry(
         self, lst: list[tuple[float, int, RequestSignals]], k: int
     ) -> list[RequestSignals]:
@@ -559,22 +620,18 @@ class TemporalScheduler:
         if self._short_protected:
             waits = [s.can_wait_s(now) for s in self._shown if not s.long_path and not s.prefilled]
             return next_free_s - max(0.0, min(waits, default=0.0))
-        fifo, entry = self._short_fifo, self._entry
-        late_last = self._late_last
-        while fifo:
-            ticket, sig = fifo[0]
-            # A late head stays late while it waits; with `late_yield` it follows the on-time
-            # ones, so the earliest-entered on-time one is the next to be served.
-            if (
-                sig.waiting
-                and not sig.prefilled
-                and entry.get(sig) == ticket
-                and not (late_last and sig.late)
-            ):
-                left = sig.can_wait_s(now)
-                return next_free_s - left if 0.0 <= left < next_free_s else None
-            fifo.popleft()
-        return None
+        # The earliest-entered unprotected one; with `late_yield` the earliest on-time one (a
+        # late head follows the on-time ones, so they are the next to be served).
+        on, late = self._short_on, self._short_late
+        head = on.first()
+        if not self._late_last:
+            first_late = late.first()
+            if head is None or (first_late is not None and first_late[0] < head[0]):
+                head = first_late
+        if head is None:
+            return None
+        left = head[1].can_wait_s(now)
+        return next_free_s - left if 0.0 <= left < next_free_s else None
 
     @property
     def short_waiting(self) -> int:
