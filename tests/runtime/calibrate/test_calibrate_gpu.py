@@ -45,3 +45,43 @@ def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> N
     assert p.deploy_profile == raw["engine"]["deploy_profile"]
     assert all(n == 4 for n in p.solo_samples.values())
     assert summary["pipelines"]["qwen2_5_omni"]["solo_wall_s"]
+
+
+def test_each_pipeline_decides_what_pays_from_what_this_gpu_measured(tmp_path: Path) -> None:
+    """Throttling and the reservation per pipeline, next to its own co-runner (talker for
+    Qwen2.5-Omni, DiT for BAGEL), decided from this GPU's measurements (tiny preset, quick):
+    the curves each decision reads are measured here, not carried over; the decision the
+    artifact gives follows from those curves; and the serving config built from the artifact
+    (what the operator deploys) carries it. Prints each decision with its inputs."""
+    from horizonserve.runtime.calibrate.build import build_artifact
+    from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
+
+    pipelines = ("qwen2_5_omni", "bagel")
+    opts = CalibrationOptions(
+        pipelines=pipelines,
+        preset="tiny",
+        quick=True,
+        device="cuda:0",
+        solo_requests=4,
+        levels=(32, 64),
+        checkpoint=str(tmp_path / "ck.json"),
+        resume=True,
+    )
+    art, _summary = build_artifact(Calibrator(opts).run(), "pytest")
+    for name in pipelines:
+        p = art.pipeline(name)
+        for key in ("shared.decode_step_s", "shared.corun_decode_factor"):
+            assert p.notes[key].startswith("measured"), (name, key, p.notes[key])
+        s, ladder = p.shared, p.ladder
+        capped = s.decode_step_s.at(ladder.s_cap) * s.corun_decode_factor.at(ladder.s_cap)
+        full = s.corun_decode_factor.at(ladder.total)
+        lifted = s.decode_step_s.at(ladder.aggressive) * p.sharing.mps_shared_factor(full)
+        control = p.control()
+        assert control.throttling_pays == (lifted >= capped), (name, capped, lifted)
+        assert control.backlog_lift == (lifted < capped)
+        print(
+            f"{name} beside {p.downstream[0].name}: decode capped at S_cap {ladder.s_cap} "
+            f"{capped * 1e3:.3f} ms, uncapped under MPS {lifted * 1e3:.3f} ms -> "
+            f"throttling_pays {control.throttling_pays}; reservation_pays "
+            f"{control.reservation_pays} (reserve {p.reserve_choice()} SMs)"
+        )
