@@ -191,7 +191,7 @@ def reference_engine(
     from horizonserve.runtime.engine.reference.ar import prefill_buckets  # torch: lazily
     from horizonserve.runtime.engine.reference.presets import get_preset
 
-    ref = get_preset(preset, profile)
+    ref = get_preset(preset, profile, cal.pipeline)
     lim = ref.thinker_limits
     cal = with_deploy(cal, load_deploy(cal.pipeline, profile))
     where = f"reference engine: preset {preset!r}, deploy profile {profile!r}"

@@ -414,7 +414,7 @@ class Pipeline:
             log.warning("ladder total %d SMs, device has %d", config.ladder.total, sms)
         self.config = config
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
-        preset = get_preset(opts.preset, opts.profile, **opts.limits)
+        preset = get_preset(opts.preset, opts.profile, config.pipeline, **opts.limits)
         self._samples_per_second = float(
             preset.code2wav.samples_per_code * preset.codes_per_audio_second
         )
@@ -429,6 +429,7 @@ class Pipeline:
         self._base = StageConfig(
             preset=opts.preset,
             profile=opts.profile,
+            pipeline=config.pipeline,
             device=self.device,
             serving_json=config.model_dump_json(),
             record_path=str(self._record.path),

@@ -7,7 +7,8 @@ in milliseconds, for CI. Weights are random; only shapes and compute matter.
 
 Serving limits (KV slots, token budgets, CUDA graphs or eager, code2wav chunking) are not
 written here: they come from the deploy description (`horizonserve.runtime.engine.deploy`), the
-vLLM-Omni deploy YAML of Qwen2.5-Omni for thinker / talker / code2wav and BAGEL's for the DiT,
+vLLM-Omni deploy YAML of Qwen2.5-Omni for talker / code2wav and BAGEL's for the DiT, and for the
+thinker the YAML of the pipeline served (BAGEL's when it is BAGEL, Qwen2.5-Omni's otherwise),
 under a named profile ("stock": the files as shipped; "tuned": graphs and larger batches). Only
 `max_len` (tokens per KV slot) is the preset's, a fact of the model size it runs.
 """
@@ -166,8 +167,15 @@ _SHAPES: dict[str, _Shape] = {
         },
     ),
 }
-SPEECH_PIPELINE = "qwen2_5_omni"  # whose deploy file sizes thinker, talker and code2wav
+SPEECH_PIPELINE = "qwen2_5_omni"  # whose deploy file sizes talker and code2wav
 IMAGE_PIPELINE = "bagel"  # whose deploy file sizes the DiT
+
+
+def thinker_pipeline(pipeline: str | None) -> str:
+    """The deploy file that sizes the thinker when `pipeline` is served: BAGEL's own for BAGEL,
+    Qwen2.5-Omni's otherwise (the reference engine runs MiMo-Audio's speech path as thinker,
+    talker and code2wav, not MiMo-Audio's fused stage)."""
+    return IMAGE_PIPELINE if pipeline == IMAGE_PIPELINE else SPEECH_PIPELINE
 
 
 def _limits(deploy: DeployLimits, role: str, max_len: int) -> StageLimits:
@@ -178,8 +186,11 @@ def _limits(deploy: DeployLimits, role: str, max_len: int) -> StageLimits:
     )
 
 
-def build_preset(name: str, profile: str = ENGINE_PROFILE) -> PipelinePreset:
-    """Preset `name`'s model shapes with the serving limits of deploy profile `profile`."""
+def build_preset(
+    name: str, profile: str = ENGINE_PROFILE, pipeline: str | None = None
+) -> PipelinePreset:
+    """Preset `name`'s model shapes with the serving limits of deploy profile `profile`, the
+    thinker's from the deploy file of `pipeline` (`thinker_pipeline`)."""
     try:
         shape = _SHAPES[name]
     except KeyError:
@@ -187,6 +198,7 @@ def build_preset(name: str, profile: str = ENGINE_PROFILE) -> PipelinePreset:
         raise ValueError(f"preset: unknown preset {name!r}; choose one of {known}") from None
     speech = load_deploy(SPEECH_PIPELINE, profile)
     image = load_deploy(IMAGE_PIPELINE, profile)
+    thinker = image if thinker_pipeline(pipeline) == IMAGE_PIPELINE else speech
     talker = _limits(speech, "talker", shape.max_len)
     chunk = speech.chunking
     # Without chunking the code2wav stage gets each answer whole: one chunk as long as a slot.
@@ -198,7 +210,7 @@ def build_preset(name: str, profile: str = ENGINE_PROFILE) -> PipelinePreset:
     return PipelinePreset(
         name=name,
         thinker=shape.thinker,
-        thinker_limits=_limits(speech, "thinker", shape.max_len),
+        thinker_limits=_limits(thinker, "thinker", shape.max_len),
         talker=shape.talker,
         talker_limits=talker,
         code2wav=shape.code2wav,
@@ -217,11 +229,15 @@ def build_preset(name: str, profile: str = ENGINE_PROFILE) -> PipelinePreset:
 PRESETS: dict[str, PipelinePreset] = {name: build_preset(name) for name in _SHAPES}
 
 
-def get_preset(name: str, profile: str = ENGINE_PROFILE, **limits: int) -> PipelinePreset:
-    """A preset under deploy profile `profile`; `max_batch=`/`max_len=` override the thinker's."""
-    preset = PRESETS[name] if name in PRESETS and profile == ENGINE_PROFILE else None
+def get_preset(
+    name: str, profile: str = ENGINE_PROFILE, pipeline: str | None = None, **limits: int
+) -> PipelinePreset:
+    """A preset under deploy profile `profile`, its thinker sized for `pipeline`;
+    `max_batch=`/`max_len=` override the thinker's."""
+    default = name in PRESETS and profile == ENGINE_PROFILE
+    preset = PRESETS[name] if default and thinker_pipeline(pipeline) == SPEECH_PIPELINE else None
     if preset is None:
-        preset = build_preset(name, profile)
+        preset = build_preset(name, profile, pipeline)
     if limits:
         preset = replace(preset, thinker_limits=replace(preset.thinker_limits, **limits))
     return preset

@@ -61,6 +61,29 @@ def test_tuned_profile_is_what_the_h200_campaign_ran() -> None:
     assert 0 < multi_prompt_tokens <= p.thinker_limits.max_prefill_tokens
 
 
+def test_bagel_thinker_is_sized_by_bagels_own_deploy_file() -> None:
+    """Serving BAGEL, the thinker takes BAGEL's deploy limits (stock: the shipped file's 12
+    sequences / 32768 tokens), not Qwen2.5-Omni's; the tuned profile keeps the limits the H200
+    BAGEL campaign ran (48 / 8192), whose step traces go past 12 sequences and never past 48."""
+    image = _yaml_stages("bagel")
+    stock = get_preset("full", "stock", "bagel").thinker_limits
+    assert (stock.max_batch, stock.max_prefill_tokens) == (
+        image[0]["max_num_seqs"],
+        image[0]["max_num_batched_tokens"],
+    )
+    speech = get_preset("full", "stock", "qwen2_5_omni").thinker_limits
+    assert speech.max_batch == _yaml_stages("qwen2_5_omni")[0]["max_num_seqs"] != stock.max_batch
+    tuned = get_preset("full", "tuned", "bagel").thinker_limits
+    assert (tuned.max_batch, tuned.max_prefill_tokens) == (48, 8192)
+    most = 0
+    for path in sorted((ROOT / "bench/results/h200-eval/eval-v5/b14").glob("steps.jsonl.gz")):
+        for member in read_members(path):
+            ix = {c: i for i, c in enumerate(member["columns"])}
+            for r in member["rows"]:
+                most = max(most, r[ix["decode_batch"]] + r[ix["prefill_batch"]])
+    assert image[0]["max_num_seqs"] < most <= tuned.max_batch
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_simulator_reads_the_same_limits(profile: str) -> None:
     deploy = load_deploy("qwen2_5_omni", profile)

@@ -33,9 +33,10 @@ class StageConfig:
     warmup: bool = True
     limits: dict[str, int] = field(default_factory=dict)  # thinker limit overrides
     profile: str = ENGINE_PROFILE  # deploy profile the stage limits come from
+    pipeline: str | None = None  # the pipeline served: whose deploy file sizes the thinker
 
     def get_preset(self) -> PipelinePreset:
-        return get_preset(self.preset, self.profile, **self.limits)
+        return get_preset(self.preset, self.profile, self.pipeline, **self.limits)
 
 
 def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
