@@ -28,7 +28,11 @@ per-step cost does not grow with the waiting queue. The base scheduler then walk
 A long-path phase's visible set is held by the index itself: decode continuations and protected
 requests (kept in entry order) plus the capped long-path prefills. An engine whose queue is in
 entry order (FIFO; a re-queued request goes to the tail) passes `lookup` to `iter_visible` and
-gets exactly the walk's sequence in O(visible), without touching hidden requests.
+gets exactly the walk's sequence in O(visible), without touching hidden requests. A short-path
+phase with late prefills reads the index the same way (the shown requests and the on-time
+short-path prefills merged in entry order, then the late ones), so the walk never crosses the
+late head of an overloaded queue; without a lookup (the vLLM-Omni plugin) it walks, deferring
+the late ones.
 """
 
 from __future__ import annotations
