@@ -53,9 +53,11 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     p.add_argument("--slo-multiplier", type=ck.positive, default=5.0, help="SLO = m × solo p95 (5)")
     p.add_argument(
         "--slo",
-        choices=("measured", "defaults"),
+        choices=("measured", "artifact", "defaults"),
         default="measured",
-        help="SLO from solo runs through the simulator (default) or the pipeline file",
+        help="SLO from solo runs through the simulator (default), from the artifact's solo "
+        "p95 (what the GPU calibration measured, the SLO table of the H200 evaluations), or "
+        "the pipeline file",
     )
     p.add_argument("--json", type=ck.output_file, help="also write the result as JSON here")
 
@@ -119,12 +121,23 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
     from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
     from horizonserve.runtime.workload import load_workload, mix_weights
 
-    setup = SimSetup.load(pipeline, load_artifact(args.artifact))
+    art = load_artifact(args.artifact)
+    setup = SimSetup.load(pipeline, art)
     workload = load_workload(pipeline)
     mix = mix_weights(workload, setup.long_classes, args.long_ratio, args.mix)
     if args.slo == "measured":
         p95 = measure_solo_p95(setup, workload, seed=args.seed, n=200)
         setup = setup.with_solo_p95(p95, solo_source(200, args.seed), args.slo_multiplier)
+    elif args.slo == "artifact":
+        solo = dict(art.pipeline(pipeline).solo_p95_s or {})
+        missing = [n for n in setup.class_names if n not in solo]
+        if missing:
+            raise ValueError(
+                f"--slo artifact: the artifact has no solo p95 for {pipeline} classes {missing}; "
+                "use --slo measured (simulated solo runs) or calibrate them"
+            )
+        source = f"solo p95 of the artifact {artifact_info(args.artifact)['file']}"
+        setup = setup.with_solo_p95(solo, source, args.slo_multiplier)
     return setup, workload, mix
 
 

@@ -1,0 +1,42 @@
+"""`sim plan --slo artifact`: the SLO table of the H200 evaluations (5 × the artifact's solo
+p95, as `bench/eval/campaign.py` plans use), so a planned capacity compares with a measured one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact
+from tests.cli.test_cli_errors import assert_refused, run_cli
+
+PACKAGED = Path(__file__).resolve().parents[2] / "runtime/data/calibration" / DEFAULT_ARTIFACT
+
+
+def test_plan_takes_the_artifacts_solo_p95(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    argv = ["sim", "plan", "--pipeline", "bagel", "--slo", "artifact", "--systems", "priority",
+            "--requests", "150", "--no-progress", "--jobs", "1", "--json", str(out)]  # fmt: skip
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == 0, err
+    solo = load_artifact(None).pipeline("bagel").solo_p95_s
+    got = json.loads(out.read_text())
+    assert got["slo_targets_s"] == pytest.approx({k: 5.0 * v for k, v in solo.items()})
+    assert "solo p95 of the artifact" in got["slo_source"]
+    assert "SIMULATED capacity plan" in stdout
+
+
+def test_an_artifact_without_solo_p95_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(PACKAGED.read_text())
+    data["pipelines"]["bagel"]["solo_p95_s"] = {}
+    bad = tmp_path / "no-solo.json"
+    bad.write_text(json.dumps(data))
+    argv = ["sim", "plan", "--pipeline", "bagel", "--slo", "artifact", "--artifact", str(bad),
+            "--no-progress"]  # fmt: skip
+    line = assert_refused(argv, "--slo artifact", capsys)
+    assert "--slo measured" in line
