@@ -49,6 +49,7 @@ from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.sim.systems import get_system
 from horizonserve.runtime.spatial import UNCAPPED, partitioned
 from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
@@ -501,6 +502,35 @@ def compass_search(
     return x, best, hist
 
 
+SOLO_MIN_SAMPLES = 20  # a class's measured solo p95 enters the solo term from this many samples
+SOLO_REQUESTS = 200  # simulated solo requests per class behind the solo term (seed 0)
+
+
+def solo_classes(cal: PipelineCalibration) -> list[str]:
+    """The classes whose measured solo p95 the solo term scores by default: those with at least
+    SOLO_MIN_SAMPLES samples, or every class with a solo p95 when the entry records no counts."""
+    p95 = cal.solo_p95_s or {}
+    if not cal.solo_samples:
+        return sorted(p95)
+    return sorted(k for k in p95 if cal.solo_samples.get(k, 0) >= SOLO_MIN_SAMPLES)
+
+
+def solo_error_pct(
+    replay: Replay, cal: PipelineCalibration, classes: Sequence[str]
+) -> dict[str, float]:
+    """Per class of `classes`: (simulated − measured) / measured solo p95, in %. The simulator
+    derives its SLO tables from simulated solo runs, so an entry that predicts attainment under
+    load but not the solo latency would shift every simulated SLO."""
+    p95 = cal.solo_p95_s or {}
+    measured = {k: p95[k] for k in classes if p95.get(k, 0) > 0}
+    if not measured:
+        return {}
+    setup = replay.setup(cal)
+    wl = load_workload(replay.campaign.pipeline)
+    sim = measure_solo_p95(setup, wl, seed=0, n=SOLO_REQUESTS)
+    return {k: 100.0 * (sim[k] - v) / v for k, v in measured.items() if k in sim}
+
+
 def fit(
     replay: Replay,
     base: PipelineCalibration,
@@ -510,18 +540,30 @@ def fit(
     *,
     max_evals: int = 200,
     progress: Callable[[int, float], None] | None = None,
+    solo_weight: float = 0.0,
+    solo_on: Sequence[str] | None = None,
 ) -> FitResult:
-    """Fit `names` on `fit_items` (module docstring); predict `holdout_items` after."""
+    """Fit `names` on `fit_items` (module docstring); predict `holdout_items` after.
+
+    `solo_weight` > 0 adds the mean absolute solo-latency error (`solo_error_pct`, in %) times
+    the weight to the objective (pp of attainment): the fit may not buy attainment with a solo
+    latency the GPU did not show. `solo_on`: the classes scored (default `solo_classes`)."""
     unknown = [n for n in names if n not in FACTORS]
     if unknown:
         raise ValueError(f"unknown factors {unknown}; known: {sorted(FACTORS)}")
     all_items = [*fit_items, *holdout_items]
     before = replay.attainment(base, all_items)
+    scored = list(solo_on) if solo_on is not None else solo_classes(base)
     n = [0]
 
     def objective(x: dict[str, float]) -> float:
-        sim = replay.attainment(apply_factors(base, x), fit_items)
+        cal = apply_factors(base, x)
+        sim = replay.attainment(cal, fit_items)
         v = mae(errors_pp(sim, replay.campaign))
+        if solo_weight > 0:
+            solo = solo_error_pct(replay, cal, scored)
+            if solo:
+                v += solo_weight * sum(map(abs, solo.values())) / len(solo)
         n[0] += 1
         if progress is not None:
             progress(n[0], v)
@@ -593,6 +635,18 @@ def add_fit_arguments(p: Any) -> None:
                    "per-SM decode slope (decode_slope_scale) before fitting")  # fmt: skip
     p.add_argument("--max-evals", type=int, default=300, help="simulated evaluations at most")
     p.add_argument(
+        "--solo-weight",
+        type=float,
+        default=0.0,
+        help="add this × the mean |solo p95 error| (%%, simulated vs the base's measured, "
+        f"classes with >= {SOLO_MIN_SAMPLES} samples) to the objective (default 0: off)",
+    )
+    p.add_argument(
+        "--solo-classes",
+        help="classes the solo term scores, comma separated (default: those with >= "
+        f"{SOLO_MIN_SAMPLES} solo samples; every class when the entry records no counts)",
+    )
+    p.add_argument(
         "--engine",
         choices=("deploy", REFERENCE),
         default="deploy",
@@ -627,6 +681,8 @@ def run_fit(args: Any) -> int:
         raise ValueError(f"--warmup-s {args.warmup_s}: give seconds >= 0")
     if args.max_evals < 1:
         raise ValueError(f"--max-evals {args.max_evals}: give at least 1")
+    if not args.solo_weight >= 0 or not math.isfinite(args.solo_weight):
+        raise ValueError(f"--solo-weight {args.solo_weight}: give a weight >= 0")
     campaign = read_campaign(args.records, warmup_s=args.warmup_s)
     base_path = args.base or campaign.artifact_path
     art = load_artifact(base_path)
@@ -672,9 +728,32 @@ def run_fit(args: Any) -> int:
         if n % 20 == 0:
             print(f"[fit] {n} evaluations, in-sample MAE {v:.2f} pp", flush=True)
 
+    scored = solo_classes(base)
+    if args.solo_classes:
+        scored = [x.strip() for x in args.solo_classes.split(",") if x.strip()]
+        unknown = [k for k in scored if k not in (base.solo_p95_s or {})]
+        if unknown:
+            raise ValueError(
+                f"--solo-classes: no measured solo p95 for {unknown} in the base entry; "
+                f"known: {sorted(base.solo_p95_s or {})}"
+            )
     result = fit(
-        replay, base, fit_items, hold_items, names, max_evals=args.max_evals, progress=progress
+        replay,
+        base,
+        fit_items,
+        hold_items,
+        names,
+        max_evals=args.max_evals,
+        progress=progress,
+        solo_weight=args.solo_weight,
+        solo_on=scored,
     )
+    if args.solo_weight > 0:
+        solo = solo_error_pct(replay, result.cal, scored)
+        note += (
+            f"Objective: attainment MAE + {args.solo_weight:g} x mean |solo p95 error| (%); "
+            f"solo p95 error after the fit { ({k: round(v, 1) for k, v in solo.items()}) } %. "
+        )
     prov = provenance(
         result,
         campaign,

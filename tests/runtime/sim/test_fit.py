@@ -24,8 +24,11 @@ from horizonserve.runtime.sim.fit import (
     errors_pp,
     fit,
     mae,
+    solo_classes,
+    solo_error_pct,
 )
 from horizonserve.runtime.sim.setup import SimSetup
+from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,6 +73,24 @@ def test_fit_recovers_known_factors_from_synthetic_records() -> None:
     assert err <= 0.5, (res.factors, err)
     for name, value in truth.items():  # piecewise-constant objective: close, not exact
         assert value / 1.25 <= res.factors[name] <= value * 1.25, res.factors
+
+
+def test_the_solo_term_scores_simulated_against_measured_solo_latency() -> None:
+    """`--solo-weight`: zero where the entry's solo latency is the measured one, negative
+    where a factor makes prefill cheaper than measured; the default classes are those with
+    enough solo samples (every class when the entry records no counts)."""
+    _campaign, replay = _synthetic_campaign({"down_mps": 1.8})
+    base = load_packaged("h200-measured.json").pipeline(PIPE)
+    p95 = measure_solo_p95(replay.setup(base), load_workload(PIPE), seed=0, n=200)
+    cal = base.model_copy(update={"solo_p95_s": p95, "solo_samples": {}})
+    text = [k for k in p95 if k.endswith("-text")]
+    assert solo_classes(cal) == sorted(p95)
+    counted = cal.model_copy(update={"solo_samples": {k: 20 if k in text else 6 for k in p95}})
+    assert solo_classes(counted) == sorted(text)
+    assert all(abs(v) < 1e-9 for v in solo_error_pct(replay, cal, text).values())
+    cheap = apply_factors(cal, {"shared_prefill": 0.5})
+    err = solo_error_pct(replay, cheap, text)
+    assert set(err) == set(text) and all(v < -5.0 for v in err.values()), err
 
 
 def test_compass_search_stays_in_bounds_and_finds_a_quadratic_minimum() -> None:
