@@ -24,6 +24,7 @@ from horizonserve.runtime.sim.fit import (
     errors_pp,
     fit,
     mae,
+    replay_of,
     solo_classes,
     solo_error_pct,
 )
@@ -147,8 +148,8 @@ def test_shipped_default_reproduces_its_recorded_fit() -> None:
     fit_ = art.pipeline(PIPE).fit
     assert fit_ is not None and fit_.mae_in_pp <= 3.0
     assert fit_.mae_out_pp is not None and fit_.mae_out_pp <= 5.0
-    campaign = read_campaign(CAMPAIGN)
-    replay = Replay(campaign, art, None)  # the entry's own deploy profile (tuned)
+    campaign = read_campaign(ROOT / fit_.runs[0], warmup_s=fit_.warmup_s)
+    replay = replay_of(campaign, art)  # as the fit replayed it (its engine, its limits)
     keys = [*fit_.fit_items, *fit_.holdout_items]
     err = errors_pp(replay.attainment(art.pipeline(PIPE), keys), campaign)
     for k in keys:
