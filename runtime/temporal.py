@@ -92,6 +92,16 @@ class _EntryList:
     def first(self) -> tuple[int, RequestSignals] | None:
         return (self._tickets[0], self._sigs[0]) if self._tickets else None
 
+    @property
+    def tickets(self) -> list[int]:
+        """The tickets, sorted (read only: mutate through the methods)."""
+        return self._tickets
+
+    @property
+    def sigs(self) -> list[RequestSignals]:
+        """The requests, index for index with `tickets` (read only)."""
+        return self._sigs
+
     def snapshot(self) -> tuple[list[int], list[RequestSignals]]:
         return self._tickets[:], self._sigs[:]
 
@@ -287,7 +297,6 @@ class TemporalScheduler:
         "_short_protected",
         "_short_waiting",
         "_shown",
-        "_shown_entries",
         "_step",
         "_tickets",
     )
@@ -327,10 +336,8 @@ class TemporalScheduler:
         # Entry order: a waiting request's ticket, increasing with each `add`.
         self._entry: dict[RequestSignals, int] = {}
         self._tickets = itertools.count()
-        # Waiting requests visible in every phase (continuations, protected), sorted by entry;
-        # `_shown_entries` holds their tickets, index for index.
-        self._shown: list[RequestSignals] = []
-        self._shown_entries: list[int] = []
+        # Waiting requests visible in every phase (continuations, protected), by entry.
+        self._shown = _EntryList()
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
         # … the unprotected ones, on time and late, each as (tickets, sigs) in entry order.
@@ -348,8 +355,7 @@ class TemporalScheduler:
         self._entry[sig] = entry = next(self._tickets)
         if sig.prefilled:
             self._continuations += 1  # always visible, not part of the rotation's counts
-            self._shown.append(sig)  # the newest entry: sorted order holds
-            self._shown_entries.append(entry)
+            self._shown.append(entry, sig)  # the newest entry: sorted order holds
             return
         sig.late = not self._keep_late and now > sig.deadline
         sig.protected = not sig.late and sig.is_protected(now)
@@ -364,8 +370,7 @@ class TemporalScheduler:
             else:
                 (self._short_late if sig.late else self._short_on).append(entry, sig)
         if sig.protected:
-            self._shown.append(sig)
-            self._shown_entries.append(entry)
+            self._shown.append(entry, sig)
             self._watch_expiry(sig)
         elif not sig.late:
             heapq.heappush(self._heap, (sig.protect_at, sig.seq, sig))
@@ -407,18 +412,10 @@ class TemporalScheduler:
 
     def _show(self, sig: RequestSignals) -> None:
         """A waiting request became visible in every phase (protected)."""
-        entry = self._entry[sig]
-        entries = self._shown_entries
-        i = bisect_left(entries, entry)
-        entries.insert(i, entry)
-        self._shown.insert(i, sig)
+        self._shown.insert(self._entry[sig], sig)
 
     def _unshow(self, entry: int) -> None:
-        entries = self._shown_entries
-        i = bisect_left(entries, entry)
-        if i < len(entries) and entries[i] == entry:
-            del entries[i]
-            del self._shown[i]
+        self._shown.discard(entry)
 
     # -- per step ----------------------------------------------------------------------------
     def _watch_expiry(self, sig: RequestSignals) -> None:
@@ -542,7 +539,7 @@ class TemporalScheduler:
             if shown_long > MEMBERS_LONG_MAX and 4 * shown_long > len(self._entry):
                 return None
         if not long_visible or cap == 0 or not (on_time or late):
-            return self._shown[:]
+            return self._shown.sigs[:]
         entry = self._entry
         if not late:
             capped, tail = self._first_by_entry(on_time, cap), []
@@ -553,8 +550,8 @@ class TemporalScheduler:
             capped, tail = self._first_by_entry(late[:cap] + on_time[:cap], cap), []
         if not self._shown:
             return capped + tail
-        members = self._shown[:]
-        entries = self._shown_entries
+        members = self._shown.sigs[:]
+        entries = self._shown.tickets
         for sig in reversed(capped):  # descending entry: earlier positions stay valid
             members.insert(bisect_left(entries, entry[sig]), sig)
         members.extend(tail)
@@ -570,9 +567,9 @@ class TemporalScheduler:
         if not self._shown:
             yield from on
         elif not on:
-            yield from self._shown[:]
+            yield from self._shown.sigs[:]
         else:
-            shown = zip(self._shown_entries[:], self._shown[:], strict=True)
+            shown = zip(*self._shown.snapshot(), strict=True)
             yield from map(_sig_of_pair, heapq.merge(shown, zip(on_tickets, on, strict=True)))
         yield from self._short_late.snapshot()[1]
 
@@ -622,7 +619,8 @@ class TemporalScheduler:
         deadline but not after that wait (0 ≤ d − now − r̂ < next_free_s). O(protected)
         when one is protected, else O(1) amortised."""
         if self._short_protected:
-            waits = [s.can_wait_s(now) for s in self._shown if not s.long_path and not s.prefilled]
+            shown = self._shown.sigs
+            waits = [s.can_wait_s(now) for s in shown if not s.long_path and not s.prefilled]
             return next_free_s - max(0.0, min(waits, default=0.0))
         # The earliest-entered unprotected one; with `late_yield` the earliest on-time one (a
         # late head follows the on-time ones, so they are the next to be served).
