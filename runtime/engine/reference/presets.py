@@ -16,6 +16,7 @@ under a named profile ("stock": the files as shipped; "tuned": graphs and larger
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from horizonserve.runtime.engine.deploy import DeployLimits, load_deploy
 
@@ -229,15 +230,18 @@ def build_preset(
 PRESETS: dict[str, PipelinePreset] = {name: build_preset(name) for name in _SHAPES}
 
 
+@lru_cache(maxsize=32)
+def _built(name: str, profile: str, thinker: str) -> PipelinePreset:
+    """`build_preset`, once per (preset, profile, thinker deploy): it reads the deploy YAML."""
+    return build_preset(name, profile, thinker)
+
+
 def get_preset(
     name: str, profile: str = ENGINE_PROFILE, pipeline: str | None = None, **limits: int
 ) -> PipelinePreset:
     """A preset under deploy profile `profile`, its thinker sized for `pipeline`;
     `max_batch=`/`max_len=` override the thinker's."""
-    default = name in PRESETS and profile == ENGINE_PROFILE
-    preset = PRESETS[name] if default and thinker_pipeline(pipeline) == SPEECH_PIPELINE else None
-    if preset is None:
-        preset = build_preset(name, profile, pipeline)
+    preset = _built(name, profile, thinker_pipeline(pipeline))
     if limits:
         preset = replace(preset, thinker_limits=replace(preset.thinker_limits, **limits))
     return preset
