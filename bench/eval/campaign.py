@@ -757,8 +757,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         knobs = dict(kv.split("=", 1) for kv in args.control)
         control = ControlParams.model_validate({**setup.control.model_dump(), **knobs})
         setup = dataclasses.replace(setup, control=control)
-    cal = art.pipeline(pipeline)
-    setup = setup.with_solo_p95(dict(cal.solo_p95_s), f"artifact {art_path}", 5.0)
+    setup = setup.with_calibrated_slo(art.pipeline(pipeline), f"artifact {art_path}", 5.0)
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}

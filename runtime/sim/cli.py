@@ -129,15 +129,13 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
         p95 = measure_solo_p95(setup, workload, seed=args.seed, n=200)
         setup = setup.with_solo_p95(p95, solo_source(200, args.seed), args.slo_multiplier)
     elif args.slo == "artifact":
-        solo = dict(art.pipeline(pipeline).solo_p95_s or {})
-        missing = [n for n in setup.class_names if n not in solo]
-        if missing:
+        where = f"the artifact {artifact_info(args.artifact)['file']}"
+        try:
+            setup = setup.with_calibrated_slo(art.pipeline(pipeline), where, args.slo_multiplier)
+        except ValueError as exc:
             raise ValueError(
-                f"--slo artifact: the artifact has no solo p95 for {pipeline} classes {missing}; "
-                "use --slo measured (simulated solo runs) or calibrate them"
-            )
-        source = f"solo p95 of the artifact {artifact_info(args.artifact)['file']}"
-        setup = setup.with_solo_p95(solo, source, args.slo_multiplier)
+                f"--slo artifact: {exc}; use --slo measured (simulated solo runs) or calibrate them"
+            ) from None
     return setup, workload, mix
 
 

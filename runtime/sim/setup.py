@@ -110,3 +110,14 @@ class SimSetup:
             update["multiplier"] = multiplier
         slo = SloTable.model_validate({**self.slo.model_dump(), **update})
         return replace(self, slo=slo, slo_source=source)
+
+    def with_calibrated_slo(
+        self, cal: PipelineCalibration, where: str, multiplier: float | None = None
+    ) -> SimSetup:
+        """The same setup with SLO targets from the calibration entry's measured solo p95 (the
+        table the H200 evaluations ran); ValueError naming the classes it lacks."""
+        solo = dict(cal.solo_p95_s or {})
+        missing = [n for n in self.class_names if n not in solo]
+        if missing:
+            raise ValueError(f"{where} has no solo p95 for {self.spec.name} classes {missing}")
+        return self.with_solo_p95(solo, f"solo p95 of {where}", multiplier)
