@@ -15,12 +15,12 @@ pytestmark = [
 ]
 
 
-def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> None:
-    from horizonserve.runtime.calibrate.build import build_artifact
+def _quick_tiny_raw(tmp_path: Path, pipelines: tuple[str, ...]) -> dict:
+    """The raw measurements of a quick tiny-preset calibration of `pipelines` on cuda:0."""
     from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
 
     opts = CalibrationOptions(
-        pipelines=("qwen2_5_omni",),
+        pipelines=pipelines,
         preset="tiny",
         quick=True,
         device="cuda:0",
@@ -29,7 +29,13 @@ def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> N
         checkpoint=str(tmp_path / "ck.json"),
         resume=True,
     )
-    raw = Calibrator(opts).run()
+    return Calibrator(opts).run()
+
+
+def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> None:
+    from horizonserve.runtime.calibrate.build import build_artifact
+
+    raw = _quick_tiny_raw(tmp_path, ("qwen2_5_omni",))
     done = set(raw["done"])
     assert {"iso", "corun.speech", "corun.code2wav", "baseline.speech", "mps.speech"} <= done
     assert "solo" in done and "baseline.code2wav" not in done  # whole-GPU factors: the talker
@@ -50,24 +56,13 @@ def test_quick_tiny_calibration_measures_every_sharing_mode(tmp_path: Path) -> N
 def test_each_pipeline_decides_what_pays_from_what_this_gpu_measured(tmp_path: Path) -> None:
     """Throttling and the reservation per pipeline, next to its own co-runner (talker for
     Qwen2.5-Omni, DiT for BAGEL), decided from this GPU's measurements (tiny preset, quick):
-    the curves each decision reads are measured here, not carried over; the decision the
-    artifact gives follows from those curves; and the serving config built from the artifact
-    (what the operator deploys) carries it. Prints each decision with its inputs."""
+    the curves each decision reads are measured here, not carried over, and the control knobs
+    the artifact gives (`control()`, what serving configs take) follow from those curves.
+    Prints each decision with its inputs."""
     from horizonserve.runtime.calibrate.build import build_artifact
-    from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
 
     pipelines = ("qwen2_5_omni", "bagel")
-    opts = CalibrationOptions(
-        pipelines=pipelines,
-        preset="tiny",
-        quick=True,
-        device="cuda:0",
-        solo_requests=4,
-        levels=(32, 64),
-        checkpoint=str(tmp_path / "ck.json"),
-        resume=True,
-    )
-    art, _summary = build_artifact(Calibrator(opts).run(), "pytest")
+    art, _summary = build_artifact(_quick_tiny_raw(tmp_path, pipelines), "pytest")
     for name in pipelines:
         p = art.pipeline(name)
         for key in ("shared.decode_step_s", "shared.corun_decode_factor"):
