@@ -467,28 +467,29 @@ def test_horizon_beats_every_baseline_under_the_paper_estimate(estimate_runs: Ru
 def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs: Runs) -> None:
     """What holds on the fitted H200 default: HorizonServe ≫ Vanilla (FCFS) and EDF.
 
-    Over seeds 0–7 the lead over the better of FCFS/EDF/priority was ≥ 0.151 (mean attainment
-    over the stressed rates; seed 0 the smallest). On this artifact MPS and EDF-MPS are beaten
-    too, by 0.140–0.158 on seeds 0–7, as on the H200 at 6 and 8 req/s (the measured-only
-    artifact, unfitted, had MPS ahead by 0.005–0.073); see bench/results/sim-fit/README.md.
+    Over seeds 0–7 the lead over the better of FCFS/EDF/priority was 0.246–0.297 (mean
+    attainment over the stressed rates; seed 2 the smallest;
+    bench/results/sim-fit-qwen/margins/margins.txt). The time-sliced systems rest on the entry's
+    time-slice factor, carried from the fit to qwen2_5_omni-2's time-sliced runs: the campaign
+    of the current fit measured none.
     """
     for seed in SEEDS:
         att = {s: measured_runs.stressed(s, seed) for s in ("horizon", *NON_MPS_BASELINES)}
         best = max(att[s] for s in NON_MPS_BASELINES)
-        assert att["horizon"] > best + 0.12, (seed, att)
+        assert att["horizon"] > best + 0.18, (seed, att)
 
 
 def test_horizon_beats_every_baseline_on_the_fitted_h200(measured_runs: Runs) -> None:
     """The fitted H200 default, every baseline (Priority and the MPS ones included).
 
     Mean attainment over the stressed rates. Over seeds 0–7 HorizonServe led the best baseline
-    (MPS each time) by 0.157–0.218 (seed 2 the smallest); tested seeds ≥ 0.157. The lead is
+    (MPS each time) by 0.126–0.261 (seed 2 the smallest; margins.txt as above). The lead is
     the talker's slack-ordered admission and the split the calibration picks for this pipeline
     (uncapped under MPS, no reservation)."""
     for seed in SEEDS:
         att = {s: measured_runs.stressed(s, seed) for s in ("horizon", *BASELINES)}
         best = max(att[s] for s in BASELINES)
-        assert att["horizon"] > best + 0.12, (seed, att)
+        assert att["horizon"] > best + 0.09, (seed, att)
 
 
 def test_removing_downstream_control_loses_on_the_fitted_h200(measured_runs: Runs) -> None:
