@@ -333,7 +333,12 @@ def item_summary(
     )
     for kind in ("short", "long"):
         rs = [r for r in records if r["path"] == kind]
-        out[f"{kind}_attainment"] = sum(1 for r in rs if r["slo_met"]) / len(rs) if rs else None
+        n_met = sum(1 for r in rs if r["slo_met"])
+        out[f"{kind}_attainment"] = n_met / len(rs) if rs else None
+        # Every request is exactly one of: met, late (answered after its SLO), never answered.
+        out[f"{kind}_goodput_rps"] = n_met / span_s if span_s > 0 else None
+        out[f"{kind}_never"] = sum(1 for r in rs if r["first_response_s"] is None)
+        out[f"{kind}_late"] = len(rs) - n_met - out[f"{kind}_never"]
     out["goodput_rps"] = sum(met) / span_s if span_s > 0 else None
     classes: dict[str, Any] = {}
     for name in sorted({r["class"] for r in records}):

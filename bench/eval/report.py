@@ -120,6 +120,11 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
                         "steady_long_attainment",
                     )
                 },
+                **{
+                    f"{kind}_{k}": statistics.fmean(r[f"{kind}_{k}"] for r in reps)
+                    for kind in ("short", "long")
+                    for k in ("goodput_rps", "late", "never")
+                },
                 "tpot_p50_ms": statistics.fmean(r["tpot_p50_ms"] for r in reps),
                 "tpot_p95_ms": statistics.fmean(r["tpot_p95_ms"] for r in reps),
                 "decode_step_p50_ms": statistics.fmean(r["decode_step_p50_ms"] for r in reps),
@@ -142,10 +147,15 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
             h["best_baseline_attainment"] = base[best]["attainment"]
             b_att = base[best]["attainment"]
             h["ratio"] = row["horizon"]["attainment"] / b_att if b_att else None
+            # The share of what the best baseline left on the table that HorizonServe gets.
+            h["headroom_captured"] = (
+                (row["horizon"]["attainment"] - b_att) / (1.0 - b_att) if b_att < 1.0 else None
+            )
             h["baselines_run"] = sorted(base)
             h["p95_vs_best_per_class"] = _p95_reduction(row)
         if "fcfs" in row:
             v, hz = row["fcfs"], row["horizon"]
+            h["ratio_vs_vanilla"] = hz["attainment"] / v["attainment"] if v["attainment"] else None
             h["tpot_vs_vanilla_ms"] = {
                 "p50": hz["tpot_p50_ms"] - v["tpot_p50_ms"],
                 "p95": hz["tpot_p95_ms"] - v["tpot_p95_ms"],
@@ -391,6 +401,32 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
                 f"{_n(v['tpot_p95_ms'], '.1f')} | {_n(v['decode_step_p50_ms'], '.1f')}/"
                 f"{_n(v['decode_step_p95_ms'], '.1f')} | {_n(v['shared_sms_mean'], '.0f')} |"
             )
+    lines += [
+        "",
+        "## Per path: SLO-met goodput, late and never answered",
+        "",
+        "Goodput = requests that met their SLO per second of arrivals; late = answered after "
+        "the SLO; never = not answered by the end of the point (mean over repetitions).",
+        "",
+        "| point | system | short goodput req/s | short late | short never | "
+        "long goodput req/s | long late | long never |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for pid in sorted(m["points"], key=_point_key):
+        row = m["points"][pid]
+        for s in order:
+            if s not in row:
+                continue
+            v = row[s]
+            lines.append(
+                f"| {pid} | {LABELS[s]} | "
+                + " | ".join(
+                    f"{_n(v[f'{kind}_goodput_rps'], '.2f')} | {v[f'{kind}_late']:.0f} | "
+                    f"{v[f'{kind}_never']:.0f}"
+                    for kind in ("short", "long")
+                )
+                + " |"
+            )
     lines += ["", "## Headline", ""]
     for pid, h in sorted(m["headline"].items(), key=lambda kv: _point_key(kv[0])):
         lines.append(f"### {pid}")
@@ -401,6 +437,13 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
                 f"{LABELS[h['best_baseline']]} {_p(h['best_baseline_attainment'])} % → ratio "
                 f"**{_n(h['ratio'], '.3f')}** (baselines run here: "
                 f"{', '.join(LABELS[b] for b in h['baselines_run'])})"
+            )
+            hr = h["headroom_captured"]
+            vs_v = h.get("ratio_vs_vanilla")
+            lines.append(
+                "* headroom captured, (HorizonServe − best) / (100 − best): "
+                f"{'—' if hr is None else f'{100 * hr:.0f} %'}; ratio against Vanilla "
+                f"{'— (not run here)' if vs_v is None else f'{vs_v:.3f}'}"
             )
             g = h["p95_vs_best_per_class"]["_summary"]
             lines.append(
