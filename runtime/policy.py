@@ -71,6 +71,11 @@ class StepDecision:
     view: StepView
     sm: SmDecision
     pressure: float | None  # B̂ after this step's sample
+    # The slack ratios the split compared (None: not read, or no request on that side; the
+    # shared side is −inf while a short-path or protected prompt waits, and the downstream
+    # side None while the shared stage holds its SMs).
+    shared_slack: float | None = None
+    downstream_slack: float | None = None
 
 
 class SchedulingPolicy:
@@ -169,8 +174,10 @@ class SchedulingPolicy:
                 self._backlog_at = now
             if self._shared_holds(now):
                 downstream_slack = None  # the shared stage keeps its SMs (`shared_hold_s`)
+        else:
+            downstream_slack = None  # not read without the slack split
         sm = self.spatial.select(downstream_active, backlog, shared_slack, downstream_slack)
-        return StepDecision(view, sm, pressure)
+        return StepDecision(view, sm, pressure, shared_slack, downstream_slack)
 
     def _shared_holds(self, now: float) -> bool:
         """The shared stage is the bottleneck: prompts wait for their prefill, or its running

@@ -306,3 +306,29 @@ def test_the_shared_stage_keeps_its_sms_while_it_is_the_bottleneck() -> None:
     held.step(1.0, backlog=True, **down)  # full running set: lifted, and the hold starts
     assert held.step(5.9, **down).sm.level != RESERVED  # within 5 s of the backlog
     assert held.step(6.1, **down).sm.level == RESERVED
+
+
+def test_the_decision_records_the_slacks_the_split_compared() -> None:
+    """The engines trace `StepDecision.shared_slack` / `downstream_slack`: the two values the
+    split compared, after the hold (the downstream side is not offered while it holds)."""
+    config = make_config()
+    control = config.control.model_copy(update={"shared_hold_s": 5.0})
+    horizon = make_policy("horizon", config.model_copy(update={"control": control}))
+    waiting = horizon.admit("long", 0.0, priority=10)
+    held = horizon.step(0.01, downstream_active=True, downstream_slack=-1.0)
+    # The waiting long-path prompt nearest protection is the shared side's; while it waits
+    # the shared stage holds its SMs, so the downstream side is not offered.
+    assert held.shared_slack == waiting.slack_ratio(0.01)
+    assert held.downstream_slack is None and held.sm.level != RESERVED
+    horizon.dequeue(waiting)
+    running = horizon.profiler.annotate("run", 0.0, priority=10)
+    split = horizon.step(0.02, downstream_active=True, running=[running], downstream_slack=-1.0)
+    assert split.shared_slack == running.slack_ratio(0.02) and split.downstream_slack == -1.0
+    assert split.sm.level == RESERVED  # the downstream side had the smaller slack
+    fcfs = make_policy("fcfs", make_config()).step(
+        0.02, downstream_active=True, running=[running], downstream_slack=-1.0
+    )
+    assert fcfs.shared_slack is None and fcfs.downstream_slack is None  # no split read them
+    text = make_policy("horizon", make_config())
+    text.admit("text", 0.0, priority=0)
+    assert text.step(0.01, downstream_active=True).shared_slack == -math.inf  # text waits
