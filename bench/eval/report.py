@@ -651,7 +651,9 @@ def plots(data: dict[str, Any], m: dict[str, Any], run: Path) -> list[str]:
         ix = {c: i for i, c in enumerate(it["columns"])}
         rows = it["rows"]
         binned = _bin(rows, ix, 0.25)
-        fig, ax = plt.subplots(3, 1, figsize=(11, 6.5), sharex=True)
+        slacks = "shared_slack" in ix  # traces from before the split's inputs were recorded
+        fig, ax = plt.subplots(4 if slacks else 3, 1, figsize=(11, 8.5 if slacks else 6.5),
+                               sharex=True)  # fmt: skip
         t = [b[0] for b in binned]
         ax[0].step(t, [b[1] for b in binned], where="post", color="#2ca02c")
         ax[0].set_ylabel("downstream requests\n(in the speech stage)")
@@ -662,7 +664,12 @@ def plots(data: dict[str, Any], m: dict[str, Any], run: Path) -> list[str]:
         ax[1].set_ylabel("smoothed NVML\nmemory activity B̂")
         ax[2].step(t, [b[3] for b in binned], where="post", color="#d62728")
         ax[2].set_ylabel("shared-stage SMs")
-        ax[2].set_xlabel("time since the first arrival (s)")
+        if slacks:
+            ax[3].plot(t, [b[4] for b in binned], color="#1f77b4", label="shared side")
+            ax[3].plot(t, [b[5] for b in binned], color="#ff7f0e", label="downstream side")
+            ax[3].set_ylabel("most urgent\nslack ratio u")
+            ax[3].legend(fontsize=7, loc="upper right")
+        ax[-1].set_xlabel("time since the first arrival (s)")
         c = m["control"].get(ctl, {})
         ax[0].set_title(
             f"{ctl}: r(B̂, SM cap) = {_n(c.get('r_all'), '.3f')} (all steps), "
@@ -741,6 +748,13 @@ def plots(data: dict[str, Any], m: dict[str, Any], run: Path) -> list[str]:
 
 
 def _bin(rows: list[list[Any]], ix: dict[str, int], width: float) -> list[tuple[float, ...]]:
+    """Per `width`-s bin: start, mean downstream requests, mean B̂, mean shared SMs, and the
+    smallest slack ratio each side offered the split (NaN: none, or a trace without them)."""
+
+    def lowest(rs: list[list[Any]], col: str) -> float:
+        us = [r[ix[col]] for r in rs if r[ix[col]] is not None] if col in ix else []
+        return min(us) if us else math.nan
+
     bins: dict[int, list[list[Any]]] = {}
     for r in rows:
         bins.setdefault(int(r[ix["t"]] // width), []).append(r)
@@ -754,6 +768,8 @@ def _bin(rows: list[list[Any]], ix: dict[str, int], width: float) -> list[tuple[
                 statistics.fmean(r[ix["downstream_active"]] for r in rs),
                 statistics.fmean(pr) if pr else math.nan,
                 statistics.fmean(r[ix["shared_sms"]] for r in rs),
+                lowest(rs, "shared_slack"),
+                lowest(rs, "downstream_slack"),
             )
         )
     return out
