@@ -340,6 +340,9 @@ def item_summary(
         out[f"{kind}_never"] = sum(1 for r in rs if r["first_response_s"] is None)
         out[f"{kind}_late"] = len(rs) - n_met - out[f"{kind}_never"]
     out["goodput_rps"] = sum(met) / span_s if span_s > 0 else None
+    # Speech playback stalls over the point (None: records from before they were kept).
+    stalls = [r["underruns"] for r in records if "underruns" in r]
+    out["underruns"] = sum(stalls) if stalls or not records else None
     classes: dict[str, Any] = {}
     for name in sorted({r["class"] for r in records}):
         rs = [r for r in records if r["class"] == name]
@@ -575,7 +578,8 @@ class Campaign:
             if rec["error"] == "aborted":  # cut off at the item's end, not a failure
                 rec["error"] = None
                 rec["aborted_at_end"] = True
-            rec.pop("info", None)
+            info = rec.pop("info", None) or {}
+            rec["underruns"] = int(info.get("underruns", 0))  # the listener's playback stalls
             rec["arrival_offset_s"] = r["at_s"]
             rec["answered_by_cut"] = h.record.first is not None and h.record.first <= t_cut
             rec["slo_met"] = bool(rec["slo_met"])

@@ -125,6 +125,7 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
                     for kind in ("short", "long")
                     for k in ("goodput_rps", "late", "never")
                 },
+                "underruns": _mean_or_none([r["underruns"] for r in reps]),
                 "tpot_p50_ms": statistics.fmean(r["tpot_p50_ms"] for r in reps),
                 "tpot_p95_ms": statistics.fmean(r["tpot_p95_ms"] for r in reps),
                 "decode_step_p50_ms": statistics.fmean(r["decode_step_p50_ms"] for r in reps),
@@ -406,11 +407,13 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
         "## Per path: SLO-met goodput, late and never answered",
         "",
         "Goodput = requests that met their SLO per second of arrivals; late = answered after "
-        "the SLO; never = not answered by the end of the point (mean over repetitions).",
+        "the SLO; never = not answered by the end of the point; underruns = speech playback "
+        "stalls, a chunk arriving after the audio before it ran out (— : not recorded in these "
+        "runs); means over repetitions.",
         "",
         "| point | system | short goodput req/s | short late | short never | "
-        "long goodput req/s | long late | long never |",
-        "|---|---|---|---|---|---|---|---|",
+        "long goodput req/s | long late | long never | underruns |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for pid in sorted(m["points"], key=_point_key):
         row = m["points"][pid]
@@ -425,7 +428,7 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
                     f"{v[f'{kind}_never']:.0f}"
                     for kind in ("short", "long")
                 )
-                + " |"
+                + f" | {_n(v['underruns'], '.0f')} |"
             )
     lines += ["", "## Headline", ""]
     for pid, h in sorted(m["headline"].items(), key=lambda kv: _point_key(kv[0])):

@@ -38,3 +38,11 @@ def test_per_path_goodput_late_and_never() -> None:
     assert (s["short_goodput_rps"], s["short_late"], s["short_never"]) == (0.6, 3, 1)
     assert (s["long_goodput_rps"], s["long_late"], s["long_never"]) == (0.2, 0, 4)
     assert s["short_attainment"] == 0.6 and s["long_attainment"] == 2 / 6
+    assert s["underruns"] is None  # these records predate the playback-stall count
+
+
+def test_underruns_are_summed_over_the_point() -> None:
+    records = [{**_rec("long", True, True), "underruns": n} for n in (0, 2, 1)]
+    cols = ["t", "shared_sms", "decode_batch", "prefill_batch", "decode_s", "downstream_active"]
+    s = _campaign().item_summary(records, [[0.0, 132, 1, 0, 0.01, 0]], cols, span_s=10.0)
+    assert s["underruns"] == 3
