@@ -188,6 +188,26 @@ class ControlRecord(MappedFile):
         self._buf[4 : _HEADER.size] = self._header[4:]
         self._buf[0:4] = self._header[0:4]
 
+    def clear_alive(self) -> None:
+        """Owner only, while no shared stage runs: forget the liveness beat a dead one left.
+        `alive_ns` sits outside the seqlock, so a predecessor's beat (or one a corrupt write
+        stamped in the future) would otherwise be judged as its successor's until that one
+        first beats; cleared, the successor's age counts from its own ready time."""
+        self._words[_ALIVE_WORD] = 0
+
+    def reset_slot(self, slot: int) -> None:
+        """Owner only, while slot `slot`'s writer is dead: the slot as a successor should
+        find it (no heartbeat, nothing in flight, no writer), under the seqlock, so neither a
+        predecessor's beat nor a corrupt one is judged as the successor's."""
+        self._check_slot(slot)
+        offset = _SLOTS_OFFSET + slot * GROUP_BYTES
+        index = offset >> 3
+        seq = self._words[index] | 1  # odd: a reset in progress (also from a stuck odd seq)
+        updates, kind = _SLOT_READ.unpack_from(self._buf, offset)[2:5:2]
+        self._words[index] = seq
+        _SLOT.pack_into(self._buf, offset + _SEQ_BYTES, 0, updates, 0, kind, 0, math.nan)
+        self._words[index] = seq + 1
+
     @property
     def creator_pid(self) -> int:
         return int(_HEADER.unpack(self._header)[5])

@@ -695,6 +695,12 @@ class Pipeline:
         if proc.is_alive():
             proc.kill()  # also ends a stopped (SIGSTOP) process
         proc.join(2.0)
+        if self._record is not None and not proc.is_alive():
+            # The successor is judged on its own beats, not on what the dead one left.
+            if name == "shared":
+                self._record.clear_alive()
+            else:
+                self._record.reset_slot(DOWNSTREAM_STAGES.index(name))
         _close_queues(slot.in_q)
         retry = self._retry_after(slot, now)
         message = f"{name} stage failed ({reason}); restarting"

@@ -3,6 +3,7 @@ of dead processes, corrupt headers, stuck writers, future heartbeats, orphaned w
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from horizonserve.runtime.engine.reference.supervisor import stage_fault
 from horizonserve.runtime.monitor import (
     ControlRecord,
     RecordFormatError,
@@ -152,6 +154,41 @@ def test_alive_beat_is_separate_from_the_decision_heartbeat(tmp_path: Path) -> N
         w.publish(1, 2, 3, 0.0, 0.0, now_ns=100)
         w.beat(500)
         assert rec.read_alive_ns() == 500 and rec.read_decision().heartbeat_ns == 100
+
+
+def test_a_dead_shared_stages_future_beat_is_not_its_successors(tmp_path: Path) -> None:
+    """A corrupt write can stamp `alive_ns` in the future; cleared by the owner once that
+    stage is dead, a successor that has not beaten yet is judged from its ready time."""
+    with ControlRecord.create(tmp_path / "c") as rec:
+        now = time.monotonic_ns()
+
+        def fault() -> str | None:  # the supervisor's check of a stage ready at `now`
+            return stage_fault(
+                exitcode=None, pid=os.getpid(), beat_ns=rec.read_alive_ns(), writer_pid=0,
+                ready_ns=now, now_ns=now, hang_ns=10**9,
+            )  # fmt: skip
+
+        rec.decision_writer().beat(now + 10 * 10**9)
+        assert "future" in (fault() or "")
+        rec.clear_alive()
+        assert rec.read_alive_ns() == 0 and fault() is None
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_a_reset_slot_holds_nothing_of_its_dead_writer(tmp_path: Path, stuck: bool) -> None:
+    """What a dead downstream writer left, a future beat or a seq stuck odd mid-write, is
+    gone after the owner's reset; the successor's writer then takes the slot over."""
+    with ControlRecord.create(tmp_path / "c", n_slots=2) as rec:
+        now = time.monotonic_ns()
+        rec.downstream_writer(1, kind=3).set_active(4, now + 10 * 10**9, slack=0.5)
+        if stuck:
+            struct.pack_into("@Q", rec._buf, 2 * 64 + 64, 9)  # frozen inside a write
+        rec.reset_slot(1)
+        slot = rec.read_downstream(1)
+        assert (slot.heartbeat_ns, slot.active, slot.writer_pid, slot.kind) == (0, 0, 0, 3)
+        assert slot.seq % 2 == 0 and math.isnan(slot.slack)
+        rec.downstream_writer(1, kind=3).set_active(2, now)
+        assert rec.read_downstream(1).active == 2 and rec.read_downstream(1).heartbeat_ns == now
 
 
 def test_table_survives_a_stuck_writer_and_any_str_id(
