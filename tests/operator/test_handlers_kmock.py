@@ -257,6 +257,7 @@ async def test_settings_configure_and_env() -> None:
     assert s.persistence.finalizer == "horizonserve.io/finalizer"
     assert s.watching.server_timeout == 300 and s.watching.client_timeout > 300
     assert s.scanning.disabled is False  # cluster-wide: follows namespaces and CRDs
+    assert s.background.cancellation_polling == 1.0  # a deletion waits ~1 s for a busy timer
     namespaced = kopf.OperatorSettings()
     settings.configure(namespaced, settings.OperatorConfig(namespace="serving"))
     assert namespaced.scanning.disabled is True  # no cluster-wide namespace listing
