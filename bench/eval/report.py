@@ -17,6 +17,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,15 @@ def _ms(x: float | None) -> str:
     return "—" if x is None else f"{1e3 * x:.0f}"
 
 
+def _point_rows(m: dict[str, Any], order: list[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(point, system, its row) in report order: points by rate, systems in `order`."""
+    for pid in sorted(m["points"], key=_point_key):
+        row = m["points"][pid]
+        for s in order:
+            if s in row:
+                yield pid, s, row[s]
+
+
 def _n(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -386,22 +396,17 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = [*MAIN, *ABLATIONS]
-    for pid in sorted(m["points"], key=_point_key):
-        row = m["points"][pid]
-        for s in order:
-            if s not in row:
-                continue
-            v = row[s]
-            reps = "/".join(_p(a) for a in v["attainment_reps"])
-            lines.append(
-                f"| {pid} | {LABELS[s]} | {v['sharing']} | {v['reps']} | "
-                f"{_p(v['attainment'])} ({reps}) | {_p(v['short_attainment'])} | "
-                f"{_p(v['long_attainment'])} | {_p(v['steady_attainment'])} "
-                f"({_p(v['steady_short_attainment'])} / {_p(v['steady_long_attainment'])}) | "
-                f"{_n(v['tpot_p50_ms'], '.1f')}/"
-                f"{_n(v['tpot_p95_ms'], '.1f')} | {_n(v['decode_step_p50_ms'], '.1f')}/"
-                f"{_n(v['decode_step_p95_ms'], '.1f')} | {_n(v['shared_sms_mean'], '.0f')} |"
-            )
+    for pid, s, v in _point_rows(m, order):
+        reps = "/".join(_p(a) for a in v["attainment_reps"])
+        lines.append(
+            f"| {pid} | {LABELS[s]} | {v['sharing']} | {v['reps']} | "
+            f"{_p(v['attainment'])} ({reps}) | {_p(v['short_attainment'])} | "
+            f"{_p(v['long_attainment'])} | {_p(v['steady_attainment'])} "
+            f"({_p(v['steady_short_attainment'])} / {_p(v['steady_long_attainment'])}) | "
+            f"{_n(v['tpot_p50_ms'], '.1f')}/"
+            f"{_n(v['tpot_p95_ms'], '.1f')} | {_n(v['decode_step_p50_ms'], '.1f')}/"
+            f"{_n(v['decode_step_p95_ms'], '.1f')} | {_n(v['shared_sms_mean'], '.0f')} |"
+        )
     lines += [
         "",
         "## Per path: SLO-met goodput, late and never answered",
@@ -415,21 +420,16 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
         "long goodput req/s | long late | long never | underruns |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for pid in sorted(m["points"], key=_point_key):
-        row = m["points"][pid]
-        for s in order:
-            if s not in row:
-                continue
-            v = row[s]
-            lines.append(
-                f"| {pid} | {LABELS[s]} | "
-                + " | ".join(
-                    f"{_n(v[f'{kind}_goodput_rps'], '.2f')} | {v[f'{kind}_late']:.0f} | "
-                    f"{v[f'{kind}_never']:.0f}"
-                    for kind in ("short", "long")
-                )
-                + f" | {_n(v['underruns'], '.0f')} |"
+    for pid, s, v in _point_rows(m, order):
+        lines.append(
+            f"| {pid} | {LABELS[s]} | "
+            + " | ".join(
+                f"{_n(v[f'{kind}_goodput_rps'], '.2f')} | {v[f'{kind}_late']:.0f} | "
+                f"{v[f'{kind}_never']:.0f}"
+                for kind in ("short", "long")
             )
+            + f" | {_n(v['underruns'], '.0f')} |"
+        )
     lines += ["", "## Headline", ""]
     for pid, h in sorted(m["headline"].items(), key=lambda kv: _point_key(kv[0])):
         lines.append(f"### {pid}")
