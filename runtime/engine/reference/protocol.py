@@ -57,7 +57,7 @@ TRACE_COLUMNS = (
     "phase",
     "prefill_sms",  # SMs the prefill ran on (the cap unless an urgent prompt was in it)
     "control_s",  # policy step + publish + batch formation, before the GPU work
-    "shared_slack",  # the slack ratios the split compared (StepDecision; finite or None)
+    "shared_slack",  # the slack ratios the split compared (StepDecision; None: not read)
     "downstream_slack",
 )
 IMAGE = "image"

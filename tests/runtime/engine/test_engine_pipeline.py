@@ -137,9 +137,10 @@ def test_backend_runs_a_mixed_trace(backend: ReferenceBackend) -> None:
     row = result.trace[0]
     assert row["shared_sms"] > 0 and row["decode_batch"] + row["prefill_batch"] > 0
     assert max(r["decode_batch"] + r["prefill_batch"] for r in result.trace) <= 8
-    # The slacks the split compared cross the process boundary as finite numbers or None.
+    # The slacks the split compared cross the process boundary as numbers or None (−inf: a
+    # short-path or protected prompt waits; the JSON writers turn non-finite values into None).
     slacks = [r[k] for r in result.trace for k in ("shared_slack", "downstream_slack")]
-    assert all(u is None or math.isfinite(u) for u in slacks)
+    assert all(u is None or (isinstance(u, float) and not math.isnan(u)) for u in slacks)
 
 
 def test_policy_switch_and_bench_trace(backend: ReferenceBackend) -> None:

@@ -69,13 +69,6 @@ def _signals(seq: Sequence) -> RequestSignals:
     return seq.payload.sig  # type: ignore[no-any-return]
 
 
-def _finite_or_none(u: float | None) -> float | None:
-    """A slack ratio for the trace, whose rows end up as strict JSON: −inf (the shared side
-    while a short-path or protected prompt waits; the `waiting` column shows it) becomes None,
-    as do "not read" and "no request on that side"."""
-    return u if u is not None and math.isfinite(u) else None
-
-
 def tpot_of(times: list[float]) -> float | None:
     """Mean inter-token time after the first token (None with fewer than two tokens)."""
     if len(times) < 2:
@@ -288,8 +281,8 @@ class SharedStage:
                 decision.view.phase.value,
                 prefill_sms,
                 t0 - now,
-                _finite_or_none(decision.shared_slack),
-                _finite_or_none(decision.downstream_slack),
+                decision.shared_slack,
+                decision.downstream_slack,
             )
         )
         self.flush_trace()
