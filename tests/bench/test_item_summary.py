@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "eval" / "campaign.py"
-
-
-def _campaign():
-    spec = importlib.util.spec_from_file_location("campaign_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench.scripts import load_eval_script
 
 
 def _rec(path: str, met: bool, answered: bool) -> dict:
@@ -34,7 +22,9 @@ def test_per_path_goodput_late_and_never() -> None:
         *[_rec("long", False, False)] * 4,
     ]
     cols = ["t", "shared_sms", "decode_batch", "prefill_batch", "decode_s", "downstream_active"]
-    s = _campaign().item_summary(records, [[0.0, 132, 1, 0, 0.01, 0]], cols, span_s=10.0)
+    s = load_eval_script("campaign").item_summary(
+        records, [[0.0, 132, 1, 0, 0.01, 0]], cols, span_s=10.0
+    )
     assert (s["short_goodput_rps"], s["short_late"], s["short_never"]) == (0.6, 3, 1)
     assert (s["long_goodput_rps"], s["long_late"], s["long_never"]) == (0.2, 0, 4)
     assert s["short_attainment"] == 0.6 and s["long_attainment"] == 2 / 6
@@ -44,5 +34,7 @@ def test_per_path_goodput_late_and_never() -> None:
 def test_underruns_are_summed_over_the_point() -> None:
     records = [{**_rec("long", True, True), "underruns": n} for n in (0, 2, 1)]
     cols = ["t", "shared_sms", "decode_batch", "prefill_batch", "decode_s", "downstream_active"]
-    s = _campaign().item_summary(records, [[0.0, 132, 1, 0, 0.01, 0]], cols, span_s=10.0)
+    s = load_eval_script("campaign").item_summary(
+        records, [[0.0, 132, 1, 0, 0.01, 0]], cols, span_s=10.0
+    )
     assert s["underruns"] == 3

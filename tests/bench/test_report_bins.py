@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
-EVAL = Path(__file__).resolve().parents[2] / "bench" / "eval"
-
-
-def _report():
-    sys.path.insert(0, str(EVAL))  # report.py imports campaign.py beside it
-    try:
-        spec = importlib.util.spec_from_file_location("report_under_test", EVAL / "report.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(EVAL))
+from tests.bench.scripts import load_eval_script
 
 
 def test_bins_keep_each_sides_most_urgent_slack_and_read_old_traces() -> None:
@@ -30,10 +15,10 @@ def test_bins_keep_each_sides_most_urgent_slack_and_read_old_traces() -> None:
         [0.1, 1, 0.7, 48, 0.5, 1.5],
         [0.3, 0, None, 132, None, None],
     ]
-    first, second = _report()._bin(rows, ix, 0.25)
+    first, second = load_eval_script("report")._bin(rows, ix, 0.25)
     assert first == (0.0, 1.0, 0.6, 32.0, 0.5, 1.5)  # means, and the smallest slack per side
     assert second[:4] == (0.25, 0.0, second[2], 132.0) and math.isnan(second[2])
     assert math.isnan(second[4]) and math.isnan(second[5])  # no slack offered in that bin
     old = {c: i for i, c in enumerate(cols[:4])}  # a trace from before the slack columns
-    (only,) = _report()._bin([r[:4] for r in rows[:2]], old, 0.25)
+    (only,) = load_eval_script("report")._bin([r[:4] for r in rows[:2]], old, 0.25)
     assert only[:4] == (0.0, 1.0, 0.6, 32.0) and math.isnan(only[4]) and math.isnan(only[5])

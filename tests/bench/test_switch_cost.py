@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "eval" / "switch_cost.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("switch_cost", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench.scripts import load_eval_script
 
 
 def test_counts_level_changes_and_their_share(
@@ -29,7 +21,7 @@ def test_counts_level_changes_and_their_share(
     with gzip.open(tmp_path / "steps.jsonl.gz", "wt") as f:
         f.write(json.dumps({"item": "r2/horizon/rep1", "columns": cols, "rows": rows}) + "\n")
         f.write(json.dumps({"item": "empty", "columns": cols, "rows": rows[:1]}) + "\n")
-    assert _load().main([str(tmp_path), "--switch-us", "1000"]) == 0
+    assert load_eval_script("switch_cost").main([str(tmp_path), "--switch-us", "1000"]) == 0
     out = capsys.readouterr().out.splitlines()
     # 3 switches x 1 ms over 1 s busy = 0.3 %; an item with one step has no switches to count
     assert out[1:] == ["r2/horizon/rep1 | 5 | 3 | 0.75 | 0.3000"]
