@@ -746,7 +746,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- simulate -------------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
     """The simulator on the plan's points: same requests (regenerated from the same workload and
-    seed, checked against the plan), the artifact's SLO table, each system."""
+    seed, checked against the plan), the plan's SLO table, each system."""
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.calibrate.artifact import load_artifact
     from horizonserve.runtime.sim.engine import simulate
@@ -766,7 +766,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         knobs = dict(kv.split("=", 1) for kv in args.control)
         control = ControlParams.model_validate({**setup.control.model_dump(), **knobs})
         setup = dataclasses.replace(setup, control=control)
-    setup = setup.with_calibrated_slo(art.pipeline(pipeline), f"artifact {art_path}", 5.0)
+    # Judged by the SLO table the GPU ran (the plan's), not the artifact's: an artifact with a
+    # newer solo calibration must not move the targets of a comparison with recorded runs.
+    mult = float(plan["serving_config"]["slo"]["multiplier"])
+    p95 = {k: v / mult for k, v in plan["slo"].items()}
+    setup = setup.with_solo_p95(p95, f"plan {args.plan} SLO table", mult)
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}

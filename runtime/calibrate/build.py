@@ -16,6 +16,7 @@ from typing import Any
 from horizonserve.runtime.calibrate import derive
 from horizonserve.runtime.calibrate.artifact import (
     ESTIMATE_ARTIFACT,
+    RESERVE_DECODE_TOL,
     CalibrationArtifact,
     GpuKey,
     PipelineCalibration,
@@ -141,7 +142,8 @@ def build_artifact(raw: dict[str, Any], command: str) -> tuple[CalibrationArtifa
         )  # fmt: skip
         entries[name] = entry
         summary["pipelines"][name] = info
-    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # When the GPU measured it (a rebuild from a raw log keeps the measurement's time).
+    when = raw.get("measured_at") or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     what = "NVIDIA GPU" if cuda else "CPU (GPU-specific parts skipped: no SM ladder, no NVML)"
     source = (
         f"measured on {gpu['name']} ({what}) by horizonserve calibrate on {when}: `{command}`. "
@@ -475,6 +477,21 @@ def _pipeline(
         solo_wall_s=walls,
         notes=dict(sorted(notes.items())),
     )
+    if cuda and swept:
+        # The reservation is a calibrated choice too: it needs the entry's own curves.
+        reserve = entry.reserve_choice()
+        notes.measured(
+            "ladder.reserve",
+            f"{reserve} SMs: of the swept counts up to S_min, where the first downstream stage "
+            "steps fastest beside the shared stage while its co-running decode stays within "
+            f"{RESERVE_DECODE_TOL:g} x its best (PipelineCalibration.reserve_choice)",
+        )
+        entry = entry.model_copy(
+            update={
+                "ladder": ladder.model_copy(update={"reserve": reserve}),
+                "notes": dict(sorted(notes.items())),
+            }
+        )
     eng = raw.get("engine")
     if eng and eng.get("deploy_profile") and name in ("qwen2_5_omni", "bagel", "mimo_audio"):
         # The engine's own limits, read from its deploy description, not carried over.
@@ -508,3 +525,23 @@ def _pipeline(
         "sharing": sharing,
     }
     return entry, info
+
+
+def merge_artifacts(arts: list[CalibrationArtifact]) -> CalibrationArtifact:
+    """One artifact holding every pipeline of `arts` (one GPU key; each pipeline once)."""
+    if not arts:
+        raise ValueError("nothing to merge")
+    first = arts[0]
+    pipelines: dict[str, PipelineCalibration] = {}
+    for a in arts:
+        if a.gpu != first.gpu:
+            raise ValueError(f"cannot merge artifacts of {first.gpu.name} and {a.gpu.name}")
+        for name, entry in a.pipelines.items():
+            if name in pipelines:
+                raise ValueError(f"pipeline {name!r} is in more than one artifact")
+            pipelines[name] = entry
+    if len(arts) == 1:
+        return first
+    source = " Then ".join(a.source for a in arts)
+    created = max(a.created for a in arts)
+    return first.model_copy(update={"source": source, "created": created, "pipelines": pipelines})

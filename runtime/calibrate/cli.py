@@ -22,6 +22,11 @@ is removed once the artifact is written.
 (`horizonserve.runtime.sim.fit`) and writes a new artifact version with its provenance;
 `--engine reference --step-constants` replays the reference engine as the campaign ran it and
 first reads the step costs the calibration does not measure from the fit points' step rows.
+
+    horizonserve calibrate rebuild --raw A.raw.log [--raw B.raw.log …] --out ARTIFACT
+
+`rebuild` builds the artifact again from recorded raw logs (after a change of the build rules),
+merging the logs of one GPU into one artifact.
 """
 
 from __future__ import annotations
@@ -97,6 +102,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from horizonserve.runtime.sim.fit import add_fit_arguments
 
     add_fit_arguments(fit)
+    rebuild = sub.add_parser(
+        "rebuild",
+        help="rebuild artifacts from recorded raw logs (no measuring); merge several into one",
+        description="Build the artifact again from one or more `.raw.log` files a calibration "
+        "wrote (today's build rules, the measurements unchanged). Several logs of the same GPU "
+        "and driver merge into one artifact holding every pipeline.",
+    )
+    rebuild.add_argument("--raw", type=Path, action="append", required=True, help="a .raw.log")
+    rebuild.add_argument("--out", type=Path, required=True, help="the artifact to write (JSON)")
+    rebuild.add_argument(
+        "--measured-at",
+        action="append",
+        help="the measurement's UTC time per --raw, in order (logs written before the raw log "
+        "recorded it); default: the log's own, else now",
+    )
 
 
 def _slug(text: str) -> str:
@@ -176,7 +196,42 @@ def check_environment(args: argparse.Namespace) -> str:
     return device
 
 
+def rebuild(args: argparse.Namespace) -> int:
+    """`calibrate rebuild`: artifacts from raw logs, merged into one (same GPU key)."""
+    from horizonserve.runtime.calibrate.build import build_artifact, merge_artifacts
+
+    times = args.measured_at or []
+    if times and len(times) != len(args.raw):
+        raise CalibrateError(
+            f"--measured-at: give one per --raw ({len(args.raw)}), or none; got {len(times)}"
+        )
+    built, summaries = [], []
+    for i, path in enumerate(args.raw):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CalibrateError(f"--raw {path}: not a readable raw log ({exc})") from None
+        if times:
+            raw["measured_at"] = times[i]
+        command = raw.get("command") or "horizonserve calibrate (command not recorded)"
+        art, summary = build_artifact(raw, command)
+        built.append(art)
+        summaries.append(format_summary(summary, command))
+    art = merge_artifacts(built)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(art.model_dump_json(indent=2) + "\n")
+    print("\n\n".join(summaries))
+    print(f"artifact: {args.out} ({', '.join(art.pipelines)}; rebuilt from {len(built)} raw logs)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "calibrate_action", None) == "rebuild":
+        try:
+            return rebuild(args)
+        except (CalibrateError, ValueError) as exc:
+            print(f"horizonserve calibrate rebuild: {exc}", file=sys.stderr)
+            return 2
     if getattr(args, "calibrate_action", None) == "fit":
         from horizonserve.runtime.sim.fit import run_fit
 

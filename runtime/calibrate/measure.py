@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -410,6 +411,7 @@ class Calibrator:
             trace.stop()
             self.raw["nvml_samples"] = len(trace.samples)
             self.raw["wall_s"] = self.raw.get("wall_s_before", 0.0) + time.monotonic() - t_start
+            self.raw["measured_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             self._save()
         return self.raw
 
