@@ -746,18 +746,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- simulate -------------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
     """The simulator on the plan's points: same requests (regenerated from the same workload and
-    seed, checked against the plan), the plan's SLO table, each system."""
+    seed, checked against the plan), each system, set up as the fit replays a campaign
+    (`sim.fit.Replay`): the plan's SLO table, its recorded control and, for an entry fitted to
+    the reference engine, the plan's class table."""
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.calibrate.records import plan_campaign
     from horizonserve.runtime.sim.engine import simulate
-    from horizonserve.runtime.sim.setup import SimSetup
+    from horizonserve.runtime.sim.fit import replay_of
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
     plan = json.loads(Path(args.plan).read_text())
     art_path = args.artifact or plan["artifact"]["path"]
     art = load_artifact(art_path)
     pipeline = plan["pipeline"]
-    setup = SimSetup.load(pipeline, art)
+    campaign = plan_campaign(plan, str(Path(args.plan).parent))
+    setup = replay_of(campaign, art).setup(art.pipeline(pipeline))
     if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
         import dataclasses
 
@@ -766,11 +770,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         knobs = dict(kv.split("=", 1) for kv in args.control)
         control = ControlParams.model_validate({**setup.control.model_dump(), **knobs})
         setup = dataclasses.replace(setup, control=control)
-    # Judged by the SLO table the GPU ran (the plan's), not the artifact's: an artifact with a
-    # newer solo calibration must not move the targets of a comparison with recorded runs.
-    mult = float(plan["serving_config"]["slo"]["multiplier"])
-    p95 = {k: v / mult for k, v in plan["slo"].items()}
-    setup = setup.with_solo_p95(p95, f"plan {args.plan} SLO table", mult)
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}

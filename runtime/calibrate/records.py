@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,12 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
             sessions=tuple(s for s, _r in reps),
             item_ids=tuple(ids[key]),
         )
+    return replace(plan_campaign(plan, str(root), warmup_s), items=items, superseded=superseded)
+
+
+def plan_campaign(plan: dict[str, Any], path: str, warmup_s: float = 0.0) -> Campaign:
+    """The campaign a plan describes, before any run: its points, SLO table, serving config and
+    engine (no measured items). `read_campaign` adds what the sessions measured."""
     points = {
         pid: CampaignPoint(
             id=pid,
@@ -154,15 +160,14 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
         for pid, p in plan["points"].items()
     }
     return Campaign(
-        path=str(root),
+        path=path,
         pipeline=plan["pipeline"],
         targets_s={k: float(v) for k, v in plan["slo"].items()},
         multiplier=float(plan["serving_config"]["slo"]["multiplier"]),
         artifact_path=plan["artifact"]["path"],
         points=points,
-        items=items,
+        items={},
         warmup_s=warmup_s,
-        superseded=superseded,
         control=dict(plan["serving_config"].get("control", {})),
         serving_slo=dict(plan["serving_config"]["slo"]),
         preset=plan.get("preset"),

@@ -44,7 +44,10 @@ from horizonserve.runtime.sim.shared import Batch, SharedStage
 from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
 
 ROOT = Path(__file__).resolve().parents[3]
+# The earlier campaign (its plan recorded 51 / 76 DiT steps to the first image) and the one the
+# shipped entry is fitted to (today's engine layout).
 CAMPAIGN = ROOT / "bench/results/h200-eval/bagel-v2"
+FITTED = ROOT / "bench/results/h200-eval/bagel-v3"
 PIPE = "bagel"
 
 
@@ -61,6 +64,11 @@ def cal(art: CalibrationArtifact) -> PipelineCalibration:
 @pytest.fixture(scope="module")
 def campaign() -> Campaign:
     return read_campaign(CAMPAIGN)
+
+
+@pytest.fixture(scope="module")
+def fitted_campaign() -> Campaign:
+    return read_campaign(FITTED)
 
 
 def _with(cal: PipelineCalibration, **sharing: float) -> PipelineCalibration:
@@ -188,8 +196,9 @@ def test_fit_recovers_known_factors_from_synthetic_bagel_records(
     art: CalibrationArtifact,
 ) -> None:
     """Records the simulator made under known contention factors: the fit finds them back
-    (a load where neither item saturates: Priority's images and MPS's text both respond)."""
-    truth = {"down_timeslice": 0.8, "shared_mps": 1.3}
+    (a load where neither item saturates: Priority's images and MPS's text both respond;
+    on the shipped entry MPS's text stops responding above a shared_mps of about 1.5)."""
+    truth = {"down_timeslice": 0.8, "shared_mps": 1.15}
     base = art.pipeline(PIPE)
     wl = load_workload(PIPE)
     setup = SimSetup.load(PIPE, art)
@@ -214,16 +223,18 @@ def test_fit_recovers_known_factors_from_synthetic_bagel_records(
 
 
 def test_shipped_bagel_default_reproduces_its_recorded_fit(
-    art: CalibrationArtifact, campaign: Campaign
+    art: CalibrationArtifact, fitted_campaign: Campaign
 ) -> None:
     """The default artifact's BAGEL entry: the replay its fit used gives the residuals its
     provenance records, inside the targets (≤ 3 pp in-sample, ≤ 5 pp held out), and the fit
     never saw the held-out points."""
+    campaign = fitted_campaign
     f = art.pipeline(PIPE).fit
-    assert f is not None and f.runs == [str(CAMPAIGN.relative_to(ROOT))]
+    assert f is not None and f.runs == [str(FITTED.relative_to(ROOT))]
     assert f.mae_in_pp <= 3.0 and f.mae_out_pp is not None and f.mae_out_pp <= 5.0
-    assert {campaign.items[k].point for k in f.fit_items} == {"r2"}
-    assert not {campaign.items[k].point for k in f.holdout_items} & {"r2"}
+    fit_points = {campaign.items[k].point for k in f.fit_items}
+    assert fit_points == {"r2", "r2-l60"}
+    assert not {campaign.items[k].point for k in f.holdout_items} & fit_points
     keys = [*f.fit_items, *f.holdout_items]
     assert sorted(keys) == sorted(campaign.items)  # every measured item is scored
     err = errors_pp(replay_of(campaign, art).attainment(art.pipeline(PIPE), keys), campaign)
