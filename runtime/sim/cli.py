@@ -12,11 +12,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from horizonserve.runtime import cli_types as ck
 from horizonserve.runtime.bench.report import note
 from horizonserve.runtime.config import PIPELINES
+
+if TYPE_CHECKING:
+    from horizonserve.runtime.sim.setup import SimSetup
 
 
 def _mix(text: str) -> dict[str, float]:
@@ -56,8 +59,13 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
         choices=("measured", "artifact", "defaults"),
         default="measured",
         help="SLO from solo runs through the simulator (default), from the artifact's solo "
-        "p95 (what the GPU calibration measured, the SLO table of the H200 evaluations), or "
-        "the pipeline file",
+        "p95 (what the GPU calibration measured), or the pipeline file",
+    )
+    p.add_argument(
+        "--slo-plan",
+        type=Path,
+        help="SLO table of a campaign plan (bench/eval/campaign.py plan): the targets a GPU "
+        "campaign judged by, to compare with its measured capacity; overrides --slo",
     )
     p.add_argument("--json", type=ck.output_file, help="also write the result as JSON here")
 
@@ -125,7 +133,9 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
     setup = SimSetup.load(pipeline, art)
     workload = load_workload(pipeline)
     mix = mix_weights(workload, setup.long_classes, args.long_ratio, args.mix)
-    if args.slo == "measured":
+    if getattr(args, "slo_plan", None) is not None:
+        setup = _plan_slo(setup, args.slo_plan, pipeline)
+    elif args.slo == "measured":
         p95 = measure_solo_p95(setup, workload, seed=args.seed, n=200)
         setup = setup.with_solo_p95(p95, solo_source(200, args.seed), args.slo_multiplier)
     elif args.slo == "artifact":
@@ -137,6 +147,22 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
                 f"--slo artifact: {exc}; use --slo measured (simulated solo runs) or calibrate them"
             ) from None
     return setup, workload, mix
+
+
+def _plan_slo(setup: SimSetup, path: Path, pipeline: str) -> SimSetup:
+    """`setup` judged by the SLO table a campaign plan recorded (its classes and multiplier)."""
+    try:
+        plan = json.loads(path.read_text())
+        table, mult = plan["slo"], float(plan["serving_config"]["slo"]["multiplier"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--slo-plan {path}: not a campaign plan ({exc})") from None
+    if plan.get("pipeline") != pipeline:
+        raise ValueError(f"--slo-plan {path}: a {plan.get('pipeline')} plan, not {pipeline}")
+    missing = sorted({c.name for c in setup.slo.classes} - set(table))
+    if missing:
+        raise ValueError(f"--slo-plan {path}: no SLO for {missing}")
+    p95 = {k: float(v) / mult for k, v in table.items()}
+    return setup.with_solo_p95(p95, f"the SLO table of {path}", mult)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -265,7 +291,7 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
     print(
         f"SIMULATED capacity plan — {pipeline}, target {args.target:.0%} SLO attainment "
         f"(SLO = {setup.slo.multiplier:g} x solo p95), {args.requests} requests, seed "
-        f"{args.seed}, tolerance {args.tol:.0%}\nmix: {mix_txt}"
+        f"{args.seed}, tolerance {args.tol:.0%}\nmix: {mix_txt}\nSLO table: {setup.slo_source}"
     )
     info = artifact_info(args.artifact)
     print(artifact_line(info))
