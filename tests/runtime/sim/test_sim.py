@@ -470,9 +470,9 @@ def test_horizon_beats_the_non_mps_baselines_on_the_measured_h200(measured_runs:
     Over seeds 0–7 the lead over the better of FCFS/EDF/priority was 0.263–0.306 (mean
     attainment over the stressed rates; seed 2 the smallest;
     bench/results/sim-fit-h200-2/margins/margins.txt; 0.246–0.297 on the default fitted to the
-    quick calibration, bench/results/sim-fit-qwen/margins/). The time-sliced systems rest on the entry's
-    time-slice factor, carried from the fit to qwen2_5_omni-2's time-sliced runs: the campaign
-    of the current fit measured none.
+    quick calibration, bench/results/sim-fit-qwen/margins/). The time-sliced systems rest on
+    the entry's time-slice factor, carried from the fit to qwen2_5_omni-2's time-sliced runs:
+    the campaign of the current fit measured none.
     """
     for seed in SEEDS:
         att = {s: measured_runs.stressed(s, seed) for s in ("horizon", *NON_MPS_BASELINES)}
