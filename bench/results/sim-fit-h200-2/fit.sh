@@ -16,4 +16,4 @@ horizonserve calibrate fit --records $H/mimo-r8-v1 --base $F/step1-qwen.json \
 horizonserve calibrate fit --records $H/bagel-v3 --base $F/step2-mimo.json \
     --engine reference --step-constants --fit-points r2 --holdout-points r1,r3,r2-l60 \
     --factors down_partition,down_mps,down_timeslice,shared_partition,shared_full,shared_mps \
-    --out $F/h200-fitted.json > $F/fit-bagel.log 2>&1
+    --out $F/h200-fitted-r2.json > $F/fit-bagel-r2.log 2>&1
