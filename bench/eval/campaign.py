@@ -72,6 +72,28 @@ def _point_id(rate: float, long_ratio: float | None) -> str:
     return r if long_ratio is None else f"{r}-l{round(long_ratio * 100)}"
 
 
+def with_control(control: Any, pairs: list[str] | None) -> Any:
+    """`control` (ControlParams) with the `KEY=VALUE` overrides applied and validated."""
+    if not pairs:
+        return control
+    from pydantic import ValidationError
+
+    from horizonserve.runtime.config import ControlParams
+
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--control {bad[0]!r}: give KEY=VALUE, e.g. reservation_pays=true")
+    knobs = dict(kv.split("=", 1) for kv in pairs)
+    unknown = sorted(set(knobs) - set(ControlParams.model_fields))
+    if unknown:
+        raise SystemExit(f"--control: unknown knob(s) {unknown}; see ControlParams")
+    try:
+        return ControlParams.model_validate({**control.model_dump(), **knobs})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SystemExit(f"--control: {err['loc'][0]}: {err['msg']}") from None
+
+
 def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any, dict[str, Any]]:
     """The pipeline's classes with SLO = multiplier × the artifact's solo p95, its ladder and the
     control knobs it decides (B_sat, backlog lift)."""
@@ -164,6 +186,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
     config, art_meta = serving_config(args.pipeline, args.artifact, args.preset)
+    if args.control:  # an experiment on a calibrated decision, recorded in the plan
+        config = config.model_copy(update={"control": with_control(config.control, args.control)})
     workload = load_workload(args.pipeline)
     long_classes = tuple(c.name for c in config.slo.classes if c.path is PathKind.LONG)
     rows = tiers(args.rates, args.long_ratios, args.stress_rate, args.long_rate, args.stress_long)
@@ -212,6 +236,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "artifact": art_meta,
         "slo": {c.name: config.slo.target_s(c.name) for c in config.slo.classes},
         "serving_config": json.loads(config.model_dump_json()),
+        "control_overrides": dict(kv.split("=", 1) for kv in args.control or ()),
         "drain": {"slack_s": args.drain_slack, "idle_cap_s": args.idle_cap},
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "points": points,
@@ -765,11 +790,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
         import dataclasses
 
-        from horizonserve.runtime.config import ControlParams
-
-        knobs = dict(kv.split("=", 1) for kv in args.control)
-        control = ControlParams.model_validate({**setup.control.model_dump(), **knobs})
-        setup = dataclasses.replace(setup, control=control)
+        setup = dataclasses.replace(setup, control=with_control(setup.control, args.control))
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}
@@ -864,6 +885,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-slack", type=float, default=1.0, help="s after the largest SLO")
     p.add_argument(
         "--idle-cap", type=float, default=3.0, help="s to let leftovers finish before the abort"
+    )
+    p.add_argument(
+        "--control",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a calibrated control decision in the plan's serving config (an "
+        "experiment on it, e.g. reservation_pays=true); the plan records it",
     )
     r = sub.add_parser("run", help="run pending items on the engine (the GPU)")
     r.add_argument("--plan", required=True)

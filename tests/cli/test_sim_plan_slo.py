@@ -40,3 +40,44 @@ def test_an_artifact_without_solo_p95_is_refused_naming_the_option(
             "--no-progress"]  # fmt: skip
     line = assert_refused(argv, "--slo artifact", capsys)
     assert "--slo measured" in line
+
+
+PLAN = Path(__file__).resolve().parents[2] / "bench/results/h200-eval/eval-v5/bagel-plan.json"
+
+
+def test_slo_plan_judges_by_the_campaigns_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--slo-plan`: the SLO table a GPU campaign ran (not the artifact's newer calibration)."""
+    out = tmp_path / "plan.json"
+    argv = ["sim", "plan", "--pipeline", "bagel", "--slo-plan", str(PLAN), "--systems",
+            "priority", "--requests", "150", "--no-progress", "--jobs", "1",
+            "--json", str(out)]  # fmt: skip
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == 0, err
+    recorded = json.loads(PLAN.read_text())["slo"]
+    got = json.loads(out.read_text())
+    assert got["slo_targets_s"] == pytest.approx(recorded)
+    art = {k: 5.0 * v for k, v in load_artifact(None).pipeline("bagel").solo_p95_s.items()}
+    assert got["slo_targets_s"]["text-chat"] != pytest.approx(art["text-chat"])
+    assert f"SLO table: the SLO table of {PLAN}" in stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda p: p.update(pipeline="qwen2_5_omni"), "a qwen2_5_omni plan, not bagel"),
+        (lambda p: p["slo"].pop("image-editing"), "no SLO for ['image-editing']"),
+        (lambda p: p.pop("serving_config"), "not a campaign plan"),
+    ],
+)
+def test_slo_plan_refuses_a_plan_that_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, says: str
+) -> None:
+    plan = json.loads(PLAN.read_text())
+    edit(plan)
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(plan))
+    argv = ["sim", "plan", "--pipeline", "bagel", "--slo-plan", str(bad), "--no-progress"]
+    line = assert_refused(argv, "--slo-plan", capsys)
+    assert says in line, line

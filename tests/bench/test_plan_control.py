@@ -1,0 +1,52 @@
+"""bench/eval/campaign.py plan --control: an experiment on a calibrated decision, recorded in
+the plan, on the same requests and SLO table as the plan without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench.scripts import load_eval_script
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACT = ROOT / "bench/results/calibration/h200-1/h200-measured-shipped.json"
+
+
+def _plan(tmp_path: Path, name: str, *extra: str) -> dict:
+    out = tmp_path / name
+    argv = ["plan", "--out", str(out), "--pipeline", "qwen2_5_omni", "--artifact", str(ARTIFACT),
+            "--duration", "10", "--rates", "8", "--stress-rate", "8", "--long-ratios", "0",
+            *extra]  # fmt: skip
+    assert load_eval_script("campaign").main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_an_override_changes_that_decision_only(tmp_path: Path) -> None:
+    base = _plan(tmp_path, "a.json")
+    exp = _plan(tmp_path, "b.json", "--control", "reservation_pays=true")
+    # The calibration decided against the reservation on this pipeline; the plan overrides it.
+    assert base["serving_config"]["control"]["reservation_pays"] is False
+    assert exp["serving_config"]["control"]["reservation_pays"] is True
+    assert exp["control_overrides"] == {"reservation_pays": "true"}
+    assert base["control_overrides"] == {}
+    del base["serving_config"]["control"]["reservation_pays"]
+    del exp["serving_config"]["control"]["reservation_pays"]
+    for key in ("serving_config", "slo", "points"):
+        assert exp[key] == base[key], key
+
+
+@pytest.mark.parametrize(
+    ("pair", "says"),
+    [
+        ("nope=1", "unknown knob(s) ['nope']"),
+        ("reservation_pays=maybe", "reservation_pays: Input should be a valid boolean"),
+        ("reservation_pays", "give KEY=VALUE"),
+    ],
+)
+def test_a_bad_override_names_the_knob(tmp_path: Path, pair: str, says: str) -> None:
+    with pytest.raises(SystemExit, match="--control") as exc:
+        _plan(tmp_path, "c.json", "--control", pair)
+    assert says in str(exc.value)
+    assert not (tmp_path / "c.json").exists()
