@@ -72,6 +72,14 @@ def _point_id(rate: float, long_ratio: float | None) -> str:
     return r if long_ratio is None else f"{r}-l{round(long_ratio * 100)}"
 
 
+def control_knobs(pairs: list[str] | None) -> dict[str, str]:
+    """`--control KEY=VALUE` pairs as a mapping (values still text)."""
+    bad = [kv for kv in pairs or () if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--control {bad[0]!r}: give KEY=VALUE, e.g. reservation_pays=true")
+    return dict(kv.split("=", 1) for kv in pairs or ())
+
+
 def with_control(control: Any, pairs: list[str] | None) -> Any:
     """`control` (ControlParams) with the `KEY=VALUE` overrides applied and validated."""
     if not pairs:
@@ -80,10 +88,7 @@ def with_control(control: Any, pairs: list[str] | None) -> Any:
 
     from horizonserve.runtime.config import ControlParams
 
-    bad = [kv for kv in pairs if "=" not in kv]
-    if bad:
-        raise SystemExit(f"--control {bad[0]!r}: give KEY=VALUE, e.g. reservation_pays=true")
-    knobs = dict(kv.split("=", 1) for kv in pairs)
+    knobs = control_knobs(pairs)
     unknown = sorted(set(knobs) - set(ControlParams.model_fields))
     if unknown:
         raise SystemExit(f"--control: unknown knob(s) {unknown}; see ControlParams")
@@ -236,7 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "artifact": art_meta,
         "slo": {c.name: config.slo.target_s(c.name) for c in config.slo.classes},
         "serving_config": json.loads(config.model_dump_json()),
-        "control_overrides": dict(kv.split("=", 1) for kv in args.control or ()),
+        "control_overrides": control_knobs(args.control),
         "drain": {"slack_s": args.drain_slack, "idle_cap_s": args.idle_cap},
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "points": points,

@@ -226,24 +226,21 @@ def rebuild(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "calibrate_action", None) == "rebuild":
-        try:
-            return rebuild(args)
-        except (CalibrateError, ValueError) as exc:
-            print(f"horizonserve calibrate rebuild: {exc}", file=sys.stderr)
-            return 2
-    if getattr(args, "calibrate_action", None) == "fit":
+    """Dispatch to the action; its expected errors become one line and exit status 2."""
+    action = getattr(args, "calibrate_action", None)
+    handler: Any
+    if action == "fit":
         from horizonserve.runtime.sim.fit import run_fit
 
-        try:
-            return run_fit(args)
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"horizonserve calibrate fit: {exc}", file=sys.stderr)
-            return 2
+        handler, expected = run_fit, (ValueError, FileNotFoundError)
+    elif action == "rebuild":
+        handler, expected = rebuild, (ValueError,)  # CalibrateError is a ValueError
+    else:
+        handler, expected = _run, (CalibrateError,)
     try:
-        return _run(args)
-    except CalibrateError as exc:
-        print(f"horizonserve calibrate: {exc}", file=sys.stderr)
+        return handler(args)
+    except expected as exc:
+        print(f"horizonserve calibrate{f' {action}' if action else ''}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -151,18 +151,19 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
 
 def _plan_slo(setup: SimSetup, path: Path, pipeline: str) -> SimSetup:
     """`setup` judged by the SLO table a campaign plan recorded (its classes and multiplier)."""
+    from horizonserve.runtime.calibrate.records import plan_campaign
+
     try:
-        plan = json.loads(path.read_text())
-        table, mult = plan["slo"], float(plan["serving_config"]["slo"]["multiplier"])
+        plan = plan_campaign(json.loads(path.read_text()), str(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--slo-plan {path}: not a campaign plan ({exc})") from None
-    if plan.get("pipeline") != pipeline:
-        raise ValueError(f"--slo-plan {path}: a {plan.get('pipeline')} plan, not {pipeline}")
-    missing = sorted({c.name for c in setup.slo.classes} - set(table))
+    if plan.pipeline != pipeline:
+        raise ValueError(f"--slo-plan {path}: a {plan.pipeline} plan, not {pipeline}")
+    missing = sorted({c.name for c in setup.slo.classes} - set(plan.targets_s))
     if missing:
         raise ValueError(f"--slo-plan {path}: no SLO for {missing}")
-    p95 = {k: float(v) / mult for k, v in table.items()}
-    return setup.with_solo_p95(p95, f"the SLO table of {path}", mult)
+    p95 = {k: v / plan.multiplier for k, v in plan.targets_s.items()}
+    return setup.with_solo_p95(p95, f"the SLO table of {path}", plan.multiplier)
 
 
 def run(args: argparse.Namespace) -> int:
