@@ -25,11 +25,11 @@ def _plan(tmp_path: Path, name: str, *extra: str) -> dict:
 
 def test_an_override_changes_that_decision_only(tmp_path: Path) -> None:
     base = _plan(tmp_path, "a.json")
-    exp = _plan(tmp_path, "b.json", "--control", "reservation_pays=true")
-    # The calibration decided against the reservation on this pipeline; the plan overrides it.
-    assert base["serving_config"]["control"]["reservation_pays"] is False
-    assert exp["serving_config"]["control"]["reservation_pays"] is True
-    assert exp["control_overrides"] == {"reservation_pays": "true"}
+    exp = _plan(tmp_path, "b.json", "--control", "reservation_pays=false")
+    # The calibration decides for the reservation on this pipeline; the plan overrides it.
+    assert base["serving_config"]["control"]["reservation_pays"] is True
+    assert exp["serving_config"]["control"]["reservation_pays"] is False
+    assert exp["control_overrides"] == {"reservation_pays": "false"}
     assert base["control_overrides"] == {}
     del base["serving_config"]["control"]["reservation_pays"]
     del exp["serving_config"]["control"]["reservation_pays"]

@@ -61,14 +61,29 @@ def test_reserve_is_where_the_downstream_steps_fastest_within_the_decode_bound()
 
 
 def test_reservation_pays_where_mps_would_starve_the_shared_stage() -> None:
-    measured = load_artifact(DATA / "h200-measured.json")
-    bagel, qwen = measured.pipeline("bagel"), measured.pipeline("qwen2_5_omni")
-    # Beside the DiT, MPS costs the thinker ×6.3: the shared side cannot be left to MPS.
+    bagel = load_artifact(DATA / "h200-measured.json").pipeline("bagel")
+    # Beside the DiT, MPS costs the thinker ×5.6: the shared side cannot be left to MPS.
     assert bagel.reservation_pays() and bagel.control().reservation_pays
-    # Beside the talker MPS costs the thinker ×1.14, and the two sides lose less together
-    # under MPS than on the reservation: the urgent downstream side is left to MPS.
-    assert not qwen.reservation_pays() and not qwen.control().reservation_pays
-    # The same BAGEL entry with an MPS that barely slows the thinker: the sum decides, and
-    # the DiT's own 25 % loss on the reservation makes MPS the better choice.
+    # The same entry with an MPS that barely slows the thinker: the DiT decides, and it steps
+    # faster as an MPS client (×1.07) than on the reservation (×1.31): MPS is the choice.
     mild = _with(bagel, sharing__mps_shared_excess=0.05)
     assert not mild.reservation_pays()
+
+
+def test_reservation_pays_where_the_talker_steps_faster_on_it() -> None:
+    qwen = load_artifact(DATA / "h200-measured.json").pipeline("qwen2_5_omni")
+    d, total, reserve = qwen.downstream[0], qwen.ladder.total, qwen.ladder.s_reserve
+    on_reserve = d.step_s.at(qwen.ladder.headroom(reserve)) * d.corun_factor.at(reserve)
+    as_client = d.step_s.at(total) * qwen.sharing.mps_downstream_factor
+    # Beside the talker MPS costs the thinker only ×1.10, but the talker itself steps ×1.39
+    # its solo time on the reservation against ×1.87 as an MPS client.
+    assert on_reserve < as_client
+    assert qwen.reservation_pays() and qwen.control().reservation_pays
+    # An MPS that costs the talker less than the reservation: the urgent side keeps MPS.
+    factor = 0.95 * on_reserve / d.step_s.at(total)
+    assert not _with(qwen, sharing__mps_downstream_factor=factor).reservation_pays()
+    # The talker still gains, but the thinker's decode on its 16 SMs would pass 3× its best:
+    # text would stall, so the reservation does not pay.
+    slow = list(qwen.shared.decode_step_s.values)
+    slow[list(qwen.shared.decode_step_s.sms).index(reserve)] = 4 * min(slow)
+    assert not _with(qwen, shared__decode_step_s__values=slow).reservation_pays()
