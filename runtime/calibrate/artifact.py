@@ -323,23 +323,24 @@ class PipelineCalibration(_Model):
         stays within `RESERVE_DECODE_TOL` of its best (text keeps streaming; ties go to the
         larger count). Measured H200, BAGEL: 16 SMs (DiT step 77.6 ms on 116 SMs against
         86.2 ms on 100, thinker decode 15.1 ms against a best of 6.2)."""
-        s, d, ladder = self.shared, self.downstream[0], self.ladder
-        bound = self._reserve_decode_bound()
-        swept = sorted({*s.corun_decode_factor.sms, ladder.s_min})
-        fits = [
-            c
-            for c in swept
-            if c <= ladder.s_min and s.decode_step_s.at(c) * s.corun_decode_factor.at(c) <= bound
-        ]
-
-        def downstream_step(c: int) -> float:
-            return d.step_s.at(ladder.headroom(c)) * d.corun_factor.at(c)
-
-        return min(fits or [ladder.s_min], key=lambda c: (downstream_step(c), -c))
+        ladder, bound = self.ladder, self._reserve_decode_bound()
+        swept = sorted({*self.shared.corun_decode_factor.sms, ladder.s_min})
+        fits = [c for c in swept if c <= ladder.s_min and self._shared_corun_step(c) <= bound]
+        return min(fits or [ladder.s_min], key=lambda c: (self._downstream_corun_step(c), -c))
 
     def _reserve_decode_bound(self) -> float:
         """The slowest co-running decode step the reservation may leave the shared stage."""
         return RESERVE_DECODE_TOL * min(self.shared.decode_step_s.values)
+
+    def _shared_corun_step(self, sms: int) -> float:
+        """The shared stage's decode step on `sms` SMs beside the first downstream stage."""
+        s = self.shared
+        return s.decode_step_s.at(sms) * s.corun_decode_factor.at(sms)
+
+    def _downstream_corun_step(self, shared_sms: int) -> float:
+        """The first downstream stage's step on the SMs a `shared_sms` shared stage leaves."""
+        d = self.downstream[0]
+        return d.step_s.at(self.ladder.headroom(shared_sms)) * d.corun_factor.at(shared_sms)
 
     def reservation_pays(self) -> bool:
         """Whether an urgent downstream side is better served by the reservation (the shared
@@ -358,16 +359,16 @@ class PipelineCalibration(_Model):
         both sides' slowdowns and left those two to MPS; on the same requests the reservation
         then measured +1.8 pp (Qwen2.5-Omni, 8 req/s), +1.1 pp (10 req/s, mean of two runs)
         and +2.6 pp (MiMo-Audio, 8 req/s), bench/results/h200-eval/*-reserve-v1."""
-        s, d, ladder = self.shared, self.downstream[0], self.ladder
-        reserve, total = ladder.s_reserve, ladder.total
+        s, reserve, total = self.shared, self.ladder.s_reserve, self.ladder.total
         bound = self._reserve_decode_bound()
         shared_open = self.sharing.mps_shared_factor(s.corun_decode_factor.at(total))
         if s.decode_step_s.at(total) * shared_open > bound:
             return True
-        shared_reserved = s.decode_step_s.at(reserve) * s.corun_decode_factor.at(reserve)
-        down_reserved = d.step_s.at(ladder.headroom(reserve)) * d.corun_factor.at(reserve)
-        down_open = d.step_s.at(total) * self.sharing.mps_downstream_factor
-        return shared_reserved <= bound and down_reserved < down_open
+        down_open = self.downstream[0].step_s.at(total) * self.sharing.mps_downstream_factor
+        return (
+            self._shared_corun_step(reserve) <= bound
+            and self._downstream_corun_step(reserve) < down_open
+        )
 
     def control(self) -> ControlParams:
         """The control knobs this calibration decides: B_sat and which SM configurations pay
