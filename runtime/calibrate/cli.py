@@ -43,7 +43,7 @@ from typing import Any
 
 from horizonserve.runtime import config as cfg
 from horizonserve.runtime.calibrate.stats import MIN_SOLO_SAMPLES as MIN_SOLO
-from horizonserve.runtime.calibrate.store import detect_gpu, find_artifact
+from horizonserve.runtime.calibrate.store import detect_gpu, find_artifact, read_raw_log
 
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
 
@@ -109,7 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "wrote (today's build rules, the measurements unchanged). Several logs of the same GPU "
         "and driver merge into one artifact holding every pipeline.",
     )
-    rebuild.add_argument("--raw", type=Path, action="append", required=True, help="a .raw.log")
+    rebuild.add_argument(
+        "--raw", type=Path, action="append", required=True, help="a .raw.log (or .raw.log.gz)"
+    )
     rebuild.add_argument("--out", type=Path, required=True, help="the artifact to write (JSON)")
     rebuild.add_argument(
         "--measured-at",
@@ -208,8 +210,8 @@ def rebuild(args: argparse.Namespace) -> int:
     built, summaries = [], []
     for i, path in enumerate(args.raw):
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            raw = read_raw_log(path)
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CalibrateError(f"--raw {path}: not a readable raw log ({exc})") from None
         if times:
             raw["measured_at"] = times[i]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +52,15 @@ def find_artifact(directory: Path, pipeline: str, model: str, gpu: GpuInfo) -> P
         ):
             matches.append(path)
     return max(matches, key=lambda p: p.stat().st_mtime) if matches else None
+
+
+def read_raw_log(path: Path | str) -> dict[str, Any]:
+    """A calibration's raw log (JSON); a committed one may be gzipped (`….raw.log.gz`).
+
+    Raises OSError, EOFError, UnicodeDecodeError or json.JSONDecodeError for an unreadable one.
+    """
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text())

@@ -44,6 +44,7 @@ from horizonserve.runtime.calibrate.artifact import (
 )
 from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.calibrate.records import Campaign, read_campaign, read_steps
+from horizonserve.runtime.calibrate.store import read_raw_log
 from horizonserve.runtime.config import Path, SloTable, control_as_recorded, load_pipeline
 from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
 from horizonserve.runtime.sim.engine import simulate
@@ -792,9 +793,7 @@ def run_fit(args: Any) -> int:
 
 def with_slope_from_raw(cal: PipelineCalibration, raw_path: str) -> PipelineCalibration:
     """`cal` with decode_slope_scale derived from a calibration raw log (its decode sweeps)."""
-    with open(raw_path) as f:
-        raw = json.load(f)
-    iso = raw["iso"]
+    iso = read_raw_log(raw_path)["iso"]
     b8 = {int(s): v["p50_s"] for s, v in iso["decode_b8"]["levels"].items() if "p50_s" in v}
     b1 = {int(s): v["p50_s"] for s, v in iso["decode_b1"]["levels"].items() if "p50_s" in v}
     sh = cal.shared

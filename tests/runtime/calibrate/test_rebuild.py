@@ -25,7 +25,7 @@ LOGS = (
 def _args(out: Path) -> list[str]:
     argv = ["calibrate", "rebuild", "--out", str(out)]
     for name, when in LOGS:
-        argv += ["--raw", str(RAW / name / f"{name}--nvidia-h200--580.159.04.raw.log")]
+        argv += ["--raw", str(RAW / name / f"{name}--nvidia-h200--580.159.04.raw.log.gz")]
         argv += ["--measured-at", when]
     return argv
 
