@@ -315,6 +315,14 @@ class ControlParams(_Model):
         "among requests that can still meet it, late ones behind (served, counted). Off: "
         "first come, first served.",
     )
+    place_admission: bool = Field(
+        False,
+        description="Once a downstream stage's places cannot start every meetable request in "
+        "time, admit by Moore–Hodgson over the places' estimated free times and each "
+        "request's answer length: deadline order, deferring the longest answers that would "
+        "make shorter ones miss. Where every request can start in time it is deadline order. "
+        "Needs downstream_admission.",
+    )
     reject_late: bool = Field(
         False,
         description="Refuse a long-path request at hand-off once it can no longer meet its "
@@ -366,6 +374,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "reservation_pays": True,
     "shared_hold_s": 0.0,
     "late_yield": False,
+    "place_admission": False,
 }
 
 

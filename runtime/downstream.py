@@ -19,6 +19,17 @@ same interface in arrival order (baselines, and the "w/o downstream control" abl
 Both queues are O(log n) per operation: a request's `late_at` is fixed when it is pushed, so the
 meetable heap is kept lazily: an entry found late at the top moves to the late heap.
 
+Places (`SlackQueue.order` with the places' free times, `place_order`). A stream holds its
+place for the whole of its answer, so once every place is taken, earliest deadline first can
+spend a place on one long answer while two short ones behind it miss. With each request's work
+(its answer's length, pushed with it) and the stage's seconds per unit of work, the queue
+orders its first `PLACE_HORIZON` meetable requests as Moore–Hodgson does on parallel machines:
+walk them in deadline order over the places' free times; whenever one would start after its
+`late_at`, defer the longest walked so far; repeat until every kept one starts in time. The
+kept go first (deadline order), the deferred after every other meetable request, the late
+last. Where every meetable request can start in time nothing is deferred and the order is
+earliest deadline first: the rule only acts once the places cannot serve everyone.
+
 Continuity (`PlaybackClock`). Once a stream's first chunk is out the client plays it in real
 time. Credit = audio generated − audio played. A chunk that arrives after the client ran dry is
 an underrun (counted per stream; playback resumes when it arrives). A stream holding more credit
@@ -35,13 +46,48 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from horizonserve.runtime.profiler import MIN_REMAINING_S, RequestSignals
 
 T = TypeVar("T")
+
+PLACE_HORIZON = 32  # meetable requests `place_order` considers (the rest keep deadline order)
+
+
+def place_order(
+    now: float, free_at: Sequence[float], requests: Sequence[tuple[float, float]]
+) -> list[int]:
+    """Which requests to keep so that each starts in time on the places (Moore–Hodgson).
+
+    `requests`: (late_at, occupancy_s) in deadline order; `free_at`: when each place frees
+    (≤ now: free). Returns the kept indices in order; the rest would make a kept one miss its
+    start. Invariants: walking the kept ones in order, each takes the earliest free place and
+    starts by its `late_at`; where all of `requests` can, all are kept. O(k² log p) for k
+    requests and p places (k ≤ PLACE_HORIZON where the queue calls it).
+    """
+    if not free_at:
+        return []
+    kept = list(range(len(requests)))
+    while kept:
+        places = [t if t > now else now for t in free_at]
+        heapq.heapify(places)
+        miss = -1
+        for pos, i in enumerate(kept):
+            late_at, occupancy = requests[i]
+            start = places[0]
+            if start > late_at:
+                miss = pos
+                break
+            heapq.heapreplace(places, start + occupancy)
+        if miss < 0:
+            return kept
+        # Defer the longest of those walked so far, the one that missed included.
+        longest = max(range(miss + 1), key=lambda pos: requests[kept[pos]][1])
+        del kept[longest]
+    return kept
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,14 +125,29 @@ class AdmissionQueue(Protocol[T]):
 
     late_popped: int  # requests handed out after they could no longer meet their deadline
 
-    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None: ...
+    def push(self, item: T, stamp: Stamp, first_output_s: float, work: float = 0.0) -> None:
+        """Queue `item`; `work`: its length at this stage (units the stage steps through, e.g.
+        codes; 0: unknown), read only by `order` with places."""
+        ...
 
     def pop(self, now: float) -> tuple[T, bool] | None:
         """The next request to admit and whether it is late; None when empty."""
         ...
 
+    def order(
+        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+    ) -> list[tuple[T, bool]]:
+        """Every queued request in admission order, with whether it is late, none removed.
+        With the places' free times and the stage's seconds per unit of work, a slack queue
+        orders by `place_order` (module doc); without them, as `pop` would hand them out."""
+        ...
+
     def peek_slack(self, now: float) -> float | None:
         """Slack ratio of the request `pop` would hand out next (None when empty)."""
+        ...
+
+    def take(self, item: T, late: bool) -> None:
+        """Remove an item `order` listed, counting it as handed out (late or not)."""
         ...
 
     def remove(self, item: T) -> bool: ...
@@ -95,15 +156,16 @@ class AdmissionQueue(Protocol[T]):
 
 
 class _Entry(Generic[T]):
-    __slots__ = ("alive", "deadline", "first_s", "item", "late_at", "seq", "stamp")
+    __slots__ = ("alive", "deadline", "first_s", "item", "late_at", "seq", "stamp", "work")
 
-    def __init__(self, item: T, stamp: Stamp, first_s: float, seq: int) -> None:
+    def __init__(self, item: T, stamp: Stamp, first_s: float, seq: int, work: float) -> None:
         self.item = item
         self.stamp = stamp
         self.deadline = stamp.deadline
         self.first_s = first_s
         self.late_at = stamp.deadline - first_s
         self.seq = seq
+        self.work = work
         self.alive = True
 
 
@@ -123,11 +185,11 @@ class SlackQueue(Generic[T]):
     def __len__(self) -> int:
         return self._live
 
-    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None:
+    def push(self, item: T, stamp: Stamp, first_output_s: float, work: float = 0.0) -> None:
         key = id(item)
         if key in self._by_item:
             raise ValueError(f"request {stamp.request_id!r} is already queued")
-        e = _Entry(item, stamp, first_output_s, next(self._seq))
+        e = _Entry(item, stamp, first_output_s, next(self._seq), work)
         self._by_item[key] = e
         self._live += 1
         heapq.heappush(self._meet, (e.deadline, e.seq, e))
@@ -171,6 +233,32 @@ class SlackQueue(Generic[T]):
         head = self._head(now)
         return None if head is None else head[0].stamp.slack_ratio(now, head[0].first_s)
 
+    def order(
+        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+    ) -> list[tuple[T, bool]]:
+        self._settle(now)
+        live = sorted(
+            (t for t in self._meet if t[2].alive), key=lambda t: (t[0], t[1])
+        )  # fmt: skip
+        meet = [t[2] for t in live if now <= t[2].late_at]
+        late = sorted(
+            [t for t in self._late if t[2].alive] + [t for t in live if now > t[2].late_at],
+            key=lambda t: (t[0], t[1]),
+        )
+        if free_at is not None and s_per_work > 0.0 and any(e.work > 0.0 for e in meet):
+            head = meet[:PLACE_HORIZON]
+            kept = place_order(now, free_at, [(e.late_at, e.work * s_per_work) for e in head])
+            chosen = set(kept)
+            deferred = [e for i, e in enumerate(head) if i not in chosen]
+            meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
+        return [(e.item, False) for e in meet] + [(t[2].item, True) for t in late]
+
+    def take(self, item: T, late: bool) -> None:
+        """Remove an item `order` listed, counting it as handed out (late or not)."""
+        if not self.remove(item):
+            raise KeyError("not queued")
+        self.late_popped += late
+
     def remove(self, item: T) -> bool:
         e = self._by_item.get(id(item))
         if e is None:
@@ -196,8 +284,8 @@ class FifoQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._q)
 
-    def push(self, item: T, stamp: Stamp, first_output_s: float) -> None:
-        self._q.append(_Entry(item, stamp, first_output_s, 0))
+    def push(self, item: T, stamp: Stamp, first_output_s: float, work: float = 0.0) -> None:
+        self._q.append(_Entry(item, stamp, first_output_s, 0, work))
 
     def pop(self, now: float) -> tuple[T, bool] | None:
         if not self._q:
@@ -220,6 +308,16 @@ class FifoQueue(Generic[T]):
                 del self._q[i]
                 return True
         return False
+
+    def order(
+        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+    ) -> list[tuple[T, bool]]:
+        return [(e.item, now > e.late_at) for e in self._q]
+
+    def take(self, item: T, late: bool) -> None:
+        if not self.remove(item):
+            raise KeyError("not queued")
+        self.late_popped += late
 
 
 def make_queue(slack_order: bool) -> AdmissionQueue:

@@ -86,6 +86,7 @@ class SchedulingPolicy:
         "_hold_s",
         "downstream_control",
         "name",
+        "place_admission",
         "playback_margin_s",
         "preemption",
         "profiler",
@@ -114,6 +115,8 @@ class SchedulingPolicy:
         self.downstream_control = t.downstream_control and control.downstream_admission
         self.preemption = t.preemption and control.shared_preemption
         self.reject_late = self.downstream_control and control.reject_late
+        # Place-aware admission order at streaming downstream stages (runtime.downstream).
+        self.place_admission = self.downstream_control and control.place_admission
         # The engines compute the slack inputs of `step` only when the split reads them.
         self.slack_split = t.throttling and control.slack_split
         self._hold_s = control.shared_hold_s

@@ -17,8 +17,10 @@ non-last job completes, the rest of the request's work goes to the next stage as
 Admission is the policy's (`SchedulingPolicy.downstream_queue`, the control core's queue): head
 jobs wait in it (slack order under HorizonServe, FIFO for the baselines); tail jobs carry a
 stream that has already started, so they go first, in arrival order. A free place is filled in
-queue order. Under downstream control a streaming stage also stops admitting head jobs at its
-real-time stream capacity (`realtime_streams`).
+queue order; under the policy's `place_admission`, a streaming stage lists its queue in the
+place-aware order (`AdmissionQueue.order` with the places' free times: the free ones now, the
+others when their job completes at the last step rate). Under downstream control a streaming
+stage also stops admitting head jobs at its real-time stream capacity (`realtime_streams`).
 
 Batch choice under downstream control (`runtime.batch_admission`, the rule of the reference
 image stage). At the chain's last stage when its first output is its completion (the image
@@ -106,12 +108,14 @@ class FluidStage:
         "late",
         "max_batch",
         "paused",
+        "places",
         "playing",
         "queue",
         "rate",
         "rechoose_at",
         "reject_late",
         "rejected",
+        "s_per_step",
         "schedule",
         "steps_per_audio_s",
         "t_last",
@@ -131,6 +135,7 @@ class FluidStage:
         admit_limit: int | None = None,
         reject_late: bool = False,
         last: bool = False,
+        places: bool = False,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -146,6 +151,9 @@ class FluidStage:
         self.late = 0  # head jobs admitted after they could no longer meet their deadline
         self.reject_late = reject_late  # refuse those instead (they never respond)
         self.rejected = 0
+        # Place-aware admission (runtime.downstream.place_order), at the last step rate seen.
+        self.places = places
+        self.s_per_step = 0.0
         self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
         self.playing: list[Job] = []  # jobs in service whose first chunk is out
         self.awaiting: list[Job] = []  # head jobs in service before their first output here
@@ -225,10 +233,35 @@ class FluidStage:
         while tails and self.in_service < self.max_batch:
             self._start(tails.popleft(), now)
         queue = self.queue
+        if self.places:
+            self._fill_by_places(now)
+            return
         while queue and self.in_service < self.admit_limit:
             popped = queue.pop(now)
             assert popped is not None
             job, late = popped
+            if late and self.reject_late:
+                self.rejected += 1  # refused with a reason: never answered, counted
+                continue
+            if late:
+                self.late += 1
+            self._start(job, now)
+
+    def _fill_by_places(self, now: float) -> None:
+        """Admit new streams in the queue's place-aware order: the free places now, the others
+        when their job completes (its remaining work at the last step rate)."""
+        free = self.admit_limit - self.in_service
+        if free <= 0 or not self.queue:
+            return
+        if self.rate:
+            self.s_per_step = 1.0 / self.rate
+        per, v = self.s_per_step, self.v
+        busy = sorted(now + max(0.0, vt - v) * per for vt, _, _, first in self.heap if not first)
+        free_at = [now] * free + busy[: self.admit_limit - free]
+        for job, late in self.queue.order(now, free_at, per):
+            if self.in_service >= self.admit_limit:
+                return
+            self.queue.take(job, late)
             if late and self.reject_late:
                 self.rejected += 1  # refused with a reason: never answered, counted
                 continue
@@ -352,7 +385,7 @@ class FluidStage:
             req = job.req
             stamp = req.stamp
             assert stamp is not None
-            self.queue.push(job, stamp, stamp.downstream_s)
+            self.queue.push(job, stamp, stamp.downstream_s, job.work)
         if not self.choose:  # batch choice: the caller's `rerate` chooses
             self._fill(now)
 

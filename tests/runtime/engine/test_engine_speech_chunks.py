@@ -213,3 +213,44 @@ def test_no_stream_yields_while_a_request_waits_for_a_place() -> None:
     assert stage.idle, "a stream yielding to a request without a place never finishes"
     assert stage.yielded == 0
     assert _codes(chunks, "a") == 40 and _codes(chunks, "b") == 8
+
+
+def _stamped(rid: str, codes: int, late_at: float) -> Handoff:
+    cond = WireTensor.of(torch.zeros(4, PRESET.thinker.hidden))
+    return Handoff(rid, 1.0, cond, codes, Stamp(rid, "speech", 10, 1.0, late_at + 1.0, 1.0))
+
+
+def test_with_places_the_talker_admits_two_short_answers_before_one_long_one() -> None:
+    """One place, held by a stream with 4 codes left; at 1 s a step (set, so the test does not
+    hang on CPU timing) it frees at 104. Deadline order would start the long answer (60 codes)
+    there and both short ones (4 codes each) would miss; the place-aware order starts them."""
+    chunks: list[CodeChunk] = []
+    clock = Clock()
+    preset = replace(PRESET, talker_limits=replace(PRESET.talker_limits, max_batch=1))
+    torch.manual_seed(0)
+    model = materialize(lambda: DecoderLM(preset.talker), CPU, torch.float32)
+    talker = ArExecutor(model, preset.talker_limits, keep_hidden=False, graphs=False)
+    proj = materialize(
+        lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
+    )
+    stage = SpeechStage(
+        talker, proj, preset, emit=lambda _ev: None, send=chunks.append, clock=clock
+    )
+    stage.configure(DownstreamRules(slack=True, places=True))
+    stage.submit(_stamped("run", 5, 1e9))
+    stage.iterate()  # its prefill: the first code, 4 left
+    for rid, codes, late_at in (("long", 60, 105.0), ("short-a", 4, 110.0), ("short-b", 4, 111.0)):
+        stage.submit(_stamped(rid, codes, late_at))
+    stage.step_s = 1.0
+    assert [s.rid for s in stage._candidates()] == ["short-a", "short-b", "long"]
+    stage.configure(DownstreamRules(slack=True))
+    assert [s.rid for s in stage._candidates()] == ["long", "short-a", "short-b"]
+    stage.configure(DownstreamRules(slack=True, places=True))
+    firsts: list[str] = []
+    while not stage.idle:
+        stage.step_s = 1.0  # the measured steps are CPU-fast; hold the scale the test reads
+        stage.iterate()
+        for c in chunks:
+            if c.index == 0 and c.rid not in firsts:
+                firsts.append(c.rid)
+    assert firsts == ["run", "short-a", "short-b", "long"]

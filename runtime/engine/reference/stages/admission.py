@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -21,6 +21,7 @@ from horizonserve.runtime.policy import make_policy
 
 T = TypeVar("T")
 _NO_DEADLINE = Stamp("", "", 0, 0.0, math.inf, 0.0)
+_Entry = tuple[T, Stamp, float]  # (job, its stamp, its work at this stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class DownstreamRules:
     slack: bool = False  # admit by slack (else first come, first served)
     yield_margin_s: float | None = None  # started streams above this credit yield (None: never)
     reject_late: bool = False  # refuse a request that can no longer meet its deadline
+    places: bool = False  # list candidates in the place-aware order (`StageQueue.ordered`)
 
 
 def downstream_rules(
@@ -37,7 +39,9 @@ def downstream_rules(
 ) -> DownstreamRules:
     """The downstream rules under `policy` (default: the config's)."""
     p = make_policy(policy or config.policy, config)
-    return DownstreamRules(p.downstream_control, p.playback_margin_s, p.reject_late)
+    return DownstreamRules(
+        p.downstream_control, p.playback_margin_s, p.reject_late, p.place_admission
+    )
 
 
 LATE_REASON = (
@@ -79,8 +83,8 @@ class StageQueue(Generic[T]):
     def __init__(self, slack: bool, clock: Callable[[], float]) -> None:
         self._slack = slack
         self._clock = clock
-        # Entries are (job, stamp) tuples, so a drained job keeps its stamp.
-        self._q: AdmissionQueue[tuple[T, Stamp]] = make_queue(slack)
+        # Entries are (job, stamp, work) tuples, so a drained job keeps its stamp and length.
+        self._q: AdmissionQueue[_Entry[T]] = make_queue(slack)
         self.late = 0  # jobs admitted after they could no longer meet their deadline
 
     def set_order(self, slack: bool) -> None:
@@ -91,18 +95,20 @@ class StageQueue(Generic[T]):
         self._slack = slack
         self._q = make_queue(slack)
         for entry in entries:
-            self._q.push(entry, entry[1], entry[1].downstream_s)
+            self._push(entry)
 
-    def append(self, item: T, stamp: Stamp | None) -> None:
-        s = stamp or _NO_DEADLINE
-        entry = (item, s)
-        self._q.push(entry, s, s.downstream_s)
+    def _push(self, entry: _Entry[T]) -> None:
+        self._q.push(entry, entry[1], entry[1].downstream_s, entry[2])
+
+    def append(self, item: T, stamp: Stamp | None, work: float = 0.0) -> None:
+        """Queue a job; `work`: its length at this stage (e.g. codes to make; 0: unknown)."""
+        self._push((item, stamp or _NO_DEADLINE, work))
 
     def popleft(self) -> T:
         got = self._q.pop(self._clock())
         if got is None:
             raise IndexError("pop from an empty stage queue")
-        (item, _), late = got
+        (item, _, _), late = got
         self.late += late
         return item
 
@@ -110,7 +116,7 @@ class StageQueue(Generic[T]):
         """Drop the jobs `keep` rejects (aborts, cancellations); the rest stay queued."""
         for entry in self._drain():
             if keep(entry[0]):
-                self._q.push(entry, entry[1], entry[1].downstream_s)
+                self._push(entry)
 
     def take(self, chosen: list[T]) -> None:
         """Remove jobs a batcher admitted from an ordered listing (`__iter__`), counting the
@@ -118,11 +124,11 @@ class StageQueue(Generic[T]):
         picked = {id(c) for c in chosen}
         now = self._clock()
         for entry in self._drain():
-            item, stamp = entry
+            item, stamp, _ = entry
             if id(item) in picked:
                 self.late += now > stamp.deadline - stamp.downstream_s
             else:
-                self._q.push(entry, stamp, stamp.downstream_s)
+                self._push(entry)
 
     def expired(self, first_s: Callable[[T], float] | None = None) -> list[T]:
         """Remove and return the queued jobs that can no longer meet their deadline (for a
@@ -130,12 +136,12 @@ class StageQueue(Generic[T]):
         now = self._clock()
         gone: list[T] = []
         for entry in self._drain():
-            item, stamp = entry
+            item, stamp, _ = entry
             first = stamp.downstream_s if first_s is None else first_s(item)
             if now > stamp.deadline - first:
                 gone.append(item)
             else:
-                self._q.push(entry, stamp, stamp.downstream_s)
+                self._push(entry)
         return gone
 
     def peek_slack(self) -> float | None:
@@ -150,10 +156,15 @@ class StageQueue(Generic[T]):
         """The queued jobs in admission order (as `popleft` would return them now)."""
         entries = self._drain()
         for entry in entries:
-            self._q.push(entry, entry[1], entry[1].downstream_s)
+            self._push(entry)
         return iter([e[0] for e in entries])
 
-    def _drain(self) -> list[tuple[T, Stamp]]:
+    def ordered(self, free_at: Sequence[float], s_per_work: float) -> list[T]:
+        """The queued jobs in the place-aware admission order (`AdmissionQueue.order`): the
+        stage's places free at `free_at` (its clock), a unit of work takes `s_per_work`."""
+        return [e[0] for e, _ in self._q.order(self._clock(), free_at, s_per_work)]
+
+    def _drain(self) -> list[_Entry[T]]:
         """Everything queued, in admission order, leaving the queue empty (late not counted)."""
         late = self._q.late_popped
         out = []

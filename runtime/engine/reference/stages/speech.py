@@ -77,6 +77,9 @@ class SpeechStage:
         self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock)
         self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
         self.yielded = 0  # decode steps started streams gave up to first chunks
+        # Seconds per decode step (one code per stream), an EWMA of the talker's measured steps:
+        # the place-aware admission's time per unit of work (0 until a step was measured).
+        self.step_s = 0.0
         self.emit = emit
         self.send = send  # a chunk to the code2wav stage
         self._clock = clock
@@ -98,7 +101,7 @@ class SpeechStage:
         target = msg.target if msg.target else DEFAULT_CHUNKS * self.chunk
         prompt, target = self.batcher.fit(cond.shape[0], target)
         job = SpeechJob(msg, cond[-prompt:])
-        self.pending.append(Sequence(msg.rid, prompt, target, job), msg.stamp)
+        self.pending.append(Sequence(msg.rid, prompt, target, job), msg.stamp, target)
 
     def add_synthetic(self, n: int, prompt: int = 64) -> None:
         """Top the stage up to `n` in flight with endless synthetic jobs (calibration load)."""
@@ -169,6 +172,16 @@ class SpeechStage:
         self.yielded += len(decode) - len(kept)
         return kept
 
+    def _candidates(self) -> list[Sequence]:
+        """The queued requests in admission order. Under `places` (and once a step was timed),
+        the place-aware order: the free slots now, each running stream's slot once its codes
+        left are made at the measured step time."""
+        if not (self.rules.places and self.step_s > 0.0):
+            return list(self.pending)
+        now, per = self._clock(), self.step_s
+        busy = sorted(now + (seq.target - seq.generated) * per for seq in self.batcher.running)
+        return self.pending.ordered([now] * self.batcher.slots.free + busy, per)
+
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
         (share left = codes still to make for it / the chunk size)."""
@@ -188,7 +201,7 @@ class SpeechStage:
             return  # every queued request was refused as late
         # Candidates in the policy's admission order; listed only when a slot is free.
         free = self.pending and self.batcher.slots.free
-        plan = self.batcher.plan(list(self.pending) if free else ())
+        plan = self.batcher.plan(self._candidates() if free else ())
         if plan.prefill:
             self.pending.take(plan.prefill)
         embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
@@ -196,6 +209,9 @@ class SpeechStage:
         decode = self._yielding(plan)
         self.talker.decode(decode)
         t1 = time.monotonic()
+        if decode and not plan.prefill:  # a pure decode step: one code per stream
+            dt = t1 - t0
+            self.step_s = dt if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * dt
         now, sent = self._clock(), 0
         for seq in plan.prefill + decode:
             job: SpeechJob = seq.payload
