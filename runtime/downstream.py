@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -65,28 +65,34 @@ def place_order(
     `requests`: (late_at, occupancy_s) in deadline order; `free_at`: when each place frees
     (≤ now: free). Returns the kept indices in order; the rest would make a kept one miss its
     start. Invariants: walking the kept ones in order, each takes the earliest free place and
-    starts by its `late_at`; where all of `requests` can, all are kept. O(k² log p) for k
-    requests and p places (k ≤ PLACE_HORIZON where the queue calls it).
+    starts by its `late_at`; where all of `requests` can, all are kept. The walk keeps the
+    places' state before each position, so a deferral resumes there: O(k·p) without deferrals
+    and O(k²·p) at worst, for k requests (≤ PLACE_HORIZON where the queue calls it) and p
+    places.
     """
     if not free_at:
         return []
     kept = list(range(len(requests)))
-    while kept:
-        places = [t if t > now else now for t in free_at]
-        heapq.heapify(places)
-        miss = -1
-        for pos, i in enumerate(kept):
-            late_at, occupancy = requests[i]
-            start = places[0]
-            if start > late_at:
-                miss = pos
-                break
-            heapq.heapreplace(places, start + occupancy)
-        if miss < 0:
-            return kept
-        # Defer the longest of those walked so far, the one that missed included.
-        longest = max(range(miss + 1), key=lambda pos: requests[kept[pos]][1])
-        del kept[longest]
+    first = [t if t > now else now for t in free_at]
+    heapq.heapify(first)
+    before = [first]  # before[pos]: the places' free times before kept[pos] takes one
+    pos = 0
+    while pos < len(kept):
+        late_at, occupancy = requests[kept[pos]]
+        places = before[pos]
+        if places[0] > late_at:
+            # Defer the longest of those walked so far, the one that missed included; the
+            # walk resumes where the deferred one stood (the places before it are unchanged).
+            longest = max(range(pos + 1), key=lambda q: requests[kept[q]][1])
+            del kept[longest]
+            del before[longest + 1 :]
+            pos = longest
+            continue
+        places = places.copy()
+        heapq.heapreplace(places, places[0] + occupancy)
+        del before[pos + 1 :]
+        before.append(places)
+        pos += 1
     return kept
 
 
@@ -135,11 +141,16 @@ class AdmissionQueue(Protocol[T]):
         ...
 
     def order(
-        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+        self,
+        now: float,
+        free_at: Sequence[float] | None = None,
+        s_per_work: float = 0.0,
+        limit: int | None = None,
     ) -> list[tuple[T, bool]]:
-        """Every queued request in admission order, with whether it is late, none removed.
-        With the places' free times and the stage's seconds per unit of work, a slack queue
-        orders by `place_order` (module doc); without them, as `pop` would hand them out."""
+        """The queued requests in admission order, with whether each is late, none removed:
+        the first `limit` (every one when None). With the places' free times and the stage's
+        seconds per unit of work, a slack queue orders by `place_order` (module doc); without
+        them, as `pop` would hand them out."""
         ...
 
     def peek_slack(self, now: float) -> float | None:
@@ -169,10 +180,27 @@ class _Entry(Generic[T]):
         self.alive = True
 
 
+def _in_order(heap: list[tuple[float, int, _Entry[T]]]) -> Iterator[_Entry[T]]:
+    """The live entries of a (deadline, seq) heap in that order, without popping: a walk of
+    the heap's frontier, O(log k) per entry read, so reading k costs k log k, not n log n."""
+    if not heap:
+        return
+    frontier = [(heap[0][0], heap[0][1], 0)]
+    size = len(heap)
+    while frontier:
+        _, _, i = heapq.heappop(frontier)
+        e = heap[i][2]
+        for c in (2 * i + 1, 2 * i + 2):
+            if c < size:
+                heapq.heappush(frontier, (heap[c][0], heap[c][1], c))
+        if e.alive:
+            yield e
+
+
 class SlackQueue(Generic[T]):
     """Earliest deadline first among meetable requests, late ones behind (see module doc)."""
 
-    __slots__ = ("_by_item", "_late", "_live", "_meet", "_seq", "late_popped")
+    __slots__ = ("_by_item", "_dead", "_late", "_live", "_meet", "_seq", "late_popped")
 
     def __init__(self) -> None:
         self._meet: list[tuple[float, int, _Entry[T]]] = []  # (deadline, seq): maybe meetable
@@ -180,6 +208,7 @@ class SlackQueue(Generic[T]):
         self._by_item: dict[int, _Entry[T]] = {}  # id(item) -> live entry
         self._seq = itertools.count()
         self._live = 0
+        self._dead = 0  # removed entries still in a heap (dropped lazily, compacted in bulk)
         self.late_popped = 0
 
     def __len__(self) -> int:
@@ -201,6 +230,7 @@ class SlackQueue(Generic[T]):
             e = meet[0][2]
             if not e.alive:
                 heapq.heappop(meet)
+                self._dead -= 1
             elif now > e.late_at:
                 heapq.heappop(meet)
                 heapq.heappush(self._late, (e.deadline, e.seq, e))
@@ -209,6 +239,7 @@ class SlackQueue(Generic[T]):
         late = self._late
         while late and not late[0][2].alive:
             heapq.heappop(late)
+            self._dead -= 1
 
     def _head(self, now: float) -> tuple[_Entry[T], bool] | None:
         self._settle(now)
@@ -234,24 +265,39 @@ class SlackQueue(Generic[T]):
         return None if head is None else head[0].stamp.slack_ratio(now, head[0].first_s)
 
     def order(
-        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+        self,
+        now: float,
+        free_at: Sequence[float] | None = None,
+        s_per_work: float = 0.0,
+        limit: int | None = None,
     ) -> list[tuple[T, bool]]:
         self._settle(now)
-        live = sorted(
-            (t for t in self._meet if t[2].alive), key=lambda t: (t[0], t[1])
-        )  # fmt: skip
-        meet = [t[2] for t in live if now <= t[2].late_at]
-        late = sorted(
-            [t for t in self._late if t[2].alive] + [t for t in live if now > t[2].late_at],
-            key=lambda t: (t[0], t[1]),
-        )
+        n = self._live if limit is None else min(limit, self._live)
+        # The meetable ones in deadline order, as far as the listing (and the rule) reads them;
+        # entries found late below the meetable heap's top follow the late heap's.
+        want = n + PLACE_HORIZON if free_at is not None else n
+        meet: list[_Entry[T]] = []
+        stale: list[_Entry[T]] = []
+        for e in _in_order(self._meet):
+            if now > e.late_at:
+                stale.append(e)
+            elif len(meet) < want:
+                meet.append(e)
+            else:
+                break
         if free_at is not None and s_per_work > 0.0 and any(e.work > 0.0 for e in meet):
             head = meet[:PLACE_HORIZON]
             kept = place_order(now, free_at, [(e.late_at, e.work * s_per_work) for e in head])
             chosen = set(kept)
             deferred = [e for i, e in enumerate(head) if i not in chosen]
             meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
-        return [(e.item, False) for e in meet] + [(t[2].item, True) for t in late]
+        if len(stale) > 16:
+            self._split_late(now)
+        out = [(e.item, False) for e in meet[:n]]
+        if len(out) < n:
+            late = heapq.merge(_in_order(self._late), stale, key=lambda e: (e.deadline, e.seq))
+            out += [(e.item, True) for e in itertools.islice(late, n - len(out))]
+        return out
 
     def take(self, item: T, late: bool) -> None:
         """Remove an item `order` listed, counting it as handed out (late or not)."""
@@ -259,11 +305,30 @@ class SlackQueue(Generic[T]):
             raise KeyError("not queued")
         self.late_popped += late
 
+    def _split_late(self, now: float) -> None:
+        """Move every late entry off the meetable heap (late stays late: `late_at` is fixed
+        and the clock only moves on), dropping removed ones on the way. O(n), called when a
+        listing walked over many, so later listings do not."""
+        meet, late = [], [t for t in self._late if t[2].alive]
+        for t in self._meet:
+            if t[2].alive:
+                (meet if now <= t[2].late_at else late).append(t)
+        heapq.heapify(meet)
+        heapq.heapify(late)
+        self._meet, self._late, self._dead = meet, late, 0
+
     def remove(self, item: T) -> bool:
         e = self._by_item.get(id(item))
         if e is None:
             return False
-        self._forget(e)  # its heap tuple is dropped lazily
+        self._forget(e)  # its heap tuple is dropped lazily, or with the others in bulk
+        self._dead += 1
+        if self._dead > self._live + 32:  # amortised O(1): `order` walks live entries only
+            self._meet = [t for t in self._meet if t[2].alive]
+            self._late = [t for t in self._late if t[2].alive]
+            heapq.heapify(self._meet)
+            heapq.heapify(self._late)
+            self._dead = 0
         return True
 
     def _forget(self, e: _Entry[T]) -> None:
@@ -310,9 +375,14 @@ class FifoQueue(Generic[T]):
         return False
 
     def order(
-        self, now: float, free_at: Sequence[float] | None = None, s_per_work: float = 0.0
+        self,
+        now: float,
+        free_at: Sequence[float] | None = None,
+        s_per_work: float = 0.0,
+        limit: int | None = None,
     ) -> list[tuple[T, bool]]:
-        return [(e.item, now > e.late_at) for e in self._q]
+        entries = self._q if limit is None else itertools.islice(self._q, limit)
+        return [(e.item, now > e.late_at) for e in entries]
 
     def take(self, item: T, late: bool) -> None:
         if not self.remove(item):

@@ -258,7 +258,8 @@ class FluidStage:
         per, v = self.s_per_step, self.v
         busy = sorted(now + max(0.0, vt - v) * per for vt, _, _, first in self.heap if not first)
         free_at = [now] * free + busy[: self.admit_limit - free]
-        for job, late in self.queue.order(now, free_at, per):
+        limit = None if self.reject_late else free  # refused late ones make room for more
+        for job, late in self.queue.order(now, free_at, per, limit):
             if self.in_service >= self.admit_limit:
                 return
             self.queue.take(job, late)

@@ -116,3 +116,45 @@ def test_the_knob_reaches_the_stages_only_with_downstream_control() -> None:
     off = make_config(place_admission=True, downstream_admission=False)
     assert not make_policy("horizon", off).place_admission
     assert not downstream_rules(make_config()).places  # off by default
+
+
+_queue = st.lists(
+    st.tuples(
+        st.floats(0.0, 20.0, allow_nan=False),  # deadline
+        st.floats(0.0, 5.0, allow_nan=False),  # first-output estimate
+        st.floats(0.0, 2000.0, allow_nan=False),  # work
+        st.booleans(),  # removed again before the listing
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_queue, st.floats(0.0, 20.0, allow_nan=False), st.integers(0, 70), st.booleans())
+def test_a_limited_listing_is_the_head_of_the_full_one(reqs, now, limit, places) -> None:
+    """`order(..., limit=k)` reads only what it lists, and lists what the full order would;
+    without places the full order is the sequence `pop` hands out."""
+    q: SlackQueue[int] = SlackQueue()
+    for i, (d, first, work, gone) in enumerate(reqs):
+        q.push(i, _stamp(i, d), first, work)
+        if gone:
+            q.remove(i)
+    free_at, per = ([now, now + 1.0, now + 3.0], 0.002) if places else (None, 0.0)
+    full = q.order(now, free_at, per)
+    assert sorted(i for i, _ in full) == [i for i, r in enumerate(reqs) if not r[3]]
+    assert q.order(now, free_at, per, limit=limit) == full[:limit]
+    if not places:
+        assert [q.pop(now) for _ in full] == full
+
+
+def test_a_listing_over_many_late_requests_loses_none() -> None:
+    """Late requests sitting below the meetable heap's top are moved off it by a listing that
+    walks over them; every request is still listed and handed out exactly once."""
+    q: SlackQueue[int] = SlackQueue()
+    for i in range(200):  # deadlines 0..19.9; at 10, half are late, mixed through the heap
+        q.push(i, _stamp(i, (i * 37 % 200) / 10.0), 0.0, work=5.0)
+    listed = q.order(10.0, [10.0, 11.0], 0.01)
+    assert sorted(i for i, _ in listed) == list(range(200))
+    assert sum(late for _, late in listed) == sum((i * 37 % 200) / 10.0 < 10.0 for i in range(200))
+    popped = [q.pop(10.0) for _ in range(200)]
+    assert sorted(i for i, _ in popped) == list(range(200)) and q.pop(10.0) is None

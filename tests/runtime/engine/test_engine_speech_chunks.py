@@ -241,11 +241,12 @@ def test_with_places_the_talker_admits_two_short_answers_before_one_long_one() -
     stage.iterate()  # its prefill: the first code, 4 left
     for rid, codes, late_at in (("long", 60, 105.0), ("short-a", 4, 110.0), ("short-b", 4, 111.0)):
         stage.submit(_stamped(rid, codes, late_at))
+    # The place "run" holds frees at 104 (4 codes at 1 s); deadline order lists "long" first.
+    assert [s.rid for s in stage.pending] == ["long", "short-a", "short-b"]
+    placed = stage.pending.ordered([104.0], 1.0, 3)
+    assert [s.rid for s in placed] == ["short-a", "short-b", "long"]
     stage.step_s = 1.0
-    assert [s.rid for s in stage._candidates()] == ["short-a", "short-b", "long"]
-    stage.configure(DownstreamRules(slack=True))
-    assert [s.rid for s in stage._candidates()] == ["long", "short-a", "short-b"]
-    stage.configure(DownstreamRules(slack=True, places=True))
+    assert stage._candidates() == []  # no slot free: nothing to list
     firsts: list[str] = []
     while not stage.idle:
         stage.step_s = 1.0  # the measured steps are CPU-fast; hold the scale the test reads

@@ -159,10 +159,12 @@ class StageQueue(Generic[T]):
             self._push(entry)
         return iter([e[0] for e in entries])
 
-    def ordered(self, free_at: Sequence[float], s_per_work: float) -> list[T]:
-        """The queued jobs in the place-aware admission order (`AdmissionQueue.order`): the
-        stage's places free at `free_at` (its clock), a unit of work takes `s_per_work`."""
-        return [e[0] for e, _ in self._q.order(self._clock(), free_at, s_per_work)]
+    def ordered(self, free_at: Sequence[float], s_per_work: float, limit: int) -> list[T]:
+        """The first `limit` queued jobs in the place-aware admission order
+        (`AdmissionQueue.order`): the stage's places free at `free_at` (its clock), a unit of
+        work takes `s_per_work`."""
+        got = self._q.order(self._clock(), free_at, s_per_work, limit)
+        return [e[0] for e, _ in got]
 
     def _drain(self) -> list[_Entry[T]]:
         """Everything queued, in admission order, leaving the queue empty (late not counted)."""

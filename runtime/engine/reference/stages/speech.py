@@ -174,13 +174,13 @@ class SpeechStage:
 
     def _candidates(self) -> list[Sequence]:
         """The queued requests in admission order. Under `places` (and once a step was timed),
-        the place-aware order: the free slots now, each running stream's slot once its codes
-        left are made at the measured step time."""
+        the head of the place-aware order, as many as slots are free: the free slots now, each
+        running stream's slot once its codes left are made at the measured step time."""
         if not (self.rules.places and self.step_s > 0.0):
             return list(self.pending)
-        now, per = self._clock(), self.step_s
+        now, per, free = self._clock(), self.step_s, self.batcher.slots.free
         busy = sorted(now + (seq.target - seq.generated) * per for seq in self.batcher.running)
-        return self.pending.ordered([now] * self.batcher.slots.free + busy, per)
+        return self.pending.ordered([now] * free + busy, per, free)
 
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
