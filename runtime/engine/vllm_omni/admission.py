@@ -18,7 +18,9 @@ order, right behind the requests the queue does not manage: continuations (a req
 preempted, a native generation chunk re-queued) and unstamped requests keep the head, as vLLM
 left it. Every other request keeps its relative position. After the step, what vLLM took leaves
 the queue (counted, late or not); what it did not take goes back into it. Late requests are
-served and counted (`late_admitted`), never dropped (`reject_late` is not applied here).
+served and counted (`late_admitted`), never dropped (`reject_late` is not applied here), and
+`place_admission` is not applied either: it needs each request's answer length at admission,
+which vLLM-Omni's talker learns only when it stops, so this stage keeps deadline order.
 
 Cost per step: O(k log n) for the k handed out, plus one O(n) pass over `waiting` when the head
 is not already in slack order (n = the stage's waiting requests, few in practice).
