@@ -197,10 +197,25 @@ def _in_order(heap: list[tuple[float, int, _Entry[T]]]) -> Iterator[_Entry[T]]:
             yield e
 
 
-class SlackQueue(Generic[T]):
+class _Handout(Generic[T]):
+    """What both queues share: handing out an item their `order` listed."""
+
+    __slots__ = ("late_popped",)
+
+    def remove(self, item: T) -> bool:
+        raise NotImplementedError
+
+    def take(self, item: T, late: bool) -> None:
+        """Remove an item `order` listed, counting it as handed out (late or not)."""
+        if not self.remove(item):
+            raise KeyError("not queued")
+        self.late_popped += late
+
+
+class SlackQueue(_Handout[T]):
     """Earliest deadline first among meetable requests, late ones behind (see module doc)."""
 
-    __slots__ = ("_by_item", "_dead", "_late", "_live", "_meet", "_seq", "late_popped")
+    __slots__ = ("_by_item", "_dead", "_late", "_live", "_meet", "_seq")
 
     def __init__(self) -> None:
         self._meet: list[tuple[float, int, _Entry[T]]] = []  # (deadline, seq): maybe meetable
@@ -291,28 +306,22 @@ class SlackQueue(Generic[T]):
             chosen = set(kept)
             deferred = [e for i, e in enumerate(head) if i not in chosen]
             meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
-        if len(stale) > 16:
-            self._split_late(now)
+        if len(stale) > 16:  # late stays late (`late_at` is fixed, the clock only moves on)
+            self._rebuild(now)
         out = [(e.item, False) for e in meet[:n]]
         if len(out) < n:
             late = heapq.merge(_in_order(self._late), stale, key=lambda e: (e.deadline, e.seq))
             out += [(e.item, True) for e in itertools.islice(late, n - len(out))]
         return out
 
-    def take(self, item: T, late: bool) -> None:
-        """Remove an item `order` listed, counting it as handed out (late or not)."""
-        if not self.remove(item):
-            raise KeyError("not queued")
-        self.late_popped += late
-
-    def _split_late(self, now: float) -> None:
-        """Move every late entry off the meetable heap (late stays late: `late_at` is fixed
-        and the clock only moves on), dropping removed ones on the way. O(n), called when a
-        listing walked over many, so later listings do not."""
+    def _rebuild(self, now: float | None = None) -> None:
+        """Both heaps again, without removed entries and, given `now`, with every entry late
+        by then moved to the late heap. O(n); called once many removed or late entries sit
+        where `order` would walk over them, so later listings do not."""
         meet, late = [], [t for t in self._late if t[2].alive]
         for t in self._meet:
             if t[2].alive:
-                (meet if now <= t[2].late_at else late).append(t)
+                (meet if now is None or now <= t[2].late_at else late).append(t)
         heapq.heapify(meet)
         heapq.heapify(late)
         self._meet, self._late, self._dead = meet, late, 0
@@ -324,11 +333,7 @@ class SlackQueue(Generic[T]):
         self._forget(e)  # its heap tuple is dropped lazily, or with the others in bulk
         self._dead += 1
         if self._dead > self._live + 32:  # amortised O(1): `order` walks live entries only
-            self._meet = [t for t in self._meet if t[2].alive]
-            self._late = [t for t in self._late if t[2].alive]
-            heapq.heapify(self._meet)
-            heapq.heapify(self._late)
-            self._dead = 0
+            self._rebuild()
         return True
 
     def _forget(self, e: _Entry[T]) -> None:
@@ -337,10 +342,10 @@ class SlackQueue(Generic[T]):
         self._live -= 1
 
 
-class FifoQueue(Generic[T]):
+class FifoQueue(_Handout[T]):
     """Arrival order (baselines): the same interface, no reordering."""
 
-    __slots__ = ("_q", "late_popped")
+    __slots__ = ("_q",)
 
     def __init__(self) -> None:
         self._q: deque[_Entry[T]] = deque()
@@ -383,11 +388,6 @@ class FifoQueue(Generic[T]):
     ) -> list[tuple[T, bool]]:
         entries = self._q if limit is None else itertools.islice(self._q, limit)
         return [(e.item, now > e.late_at) for e in entries]
-
-    def take(self, item: T, late: bool) -> None:
-        if not self.remove(item):
-            raise KeyError("not queued")
-        self.late_popped += late
 
 
 def make_queue(slack_order: bool) -> AdmissionQueue:

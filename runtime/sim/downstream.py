@@ -239,13 +239,16 @@ class FluidStage:
         while queue and self.in_service < self.admit_limit:
             popped = queue.pop(now)
             assert popped is not None
-            job, late = popped
-            if late and self.reject_late:
-                self.rejected += 1  # refused with a reason: never answered, counted
-                continue
-            if late:
-                self.late += 1
-            self._start(job, now)
+            self._admit(*popped, now)
+
+    def _admit(self, job: Job, late: bool, now: float) -> None:
+        """Start a job the queue handed out, or refuse it when late under `reject_late`."""
+        if late and self.reject_late:
+            self.rejected += 1  # refused with a reason: never answered, counted
+            return
+        if late:
+            self.late += 1
+        self._start(job, now)
 
     def _fill_by_places(self, now: float) -> None:
         """Admit new streams in the queue's place-aware order: the free places now, the others
@@ -263,12 +266,7 @@ class FluidStage:
             if self.in_service >= self.admit_limit:
                 return
             self.queue.take(job, late)
-            if late and self.reject_late:
-                self.rejected += 1  # refused with a reason: never answered, counted
-                continue
-            if late:
-                self.late += 1
-            self._start(job, now)
+            self._admit(job, late, now)
 
     def _choose(
         self, now: float, sms: int, shared_busy: bool, shared_sms: int, sharing: Sharing

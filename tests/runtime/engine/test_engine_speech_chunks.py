@@ -3,6 +3,7 @@ deploy description's sizes, code2wav's batch limit and order, abort and cancel t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -36,14 +37,21 @@ CPU = torch.device("cpu")
 PRESET = replace(get_preset("tiny"), first_chunk=3, code_chunk=2, code2wav_max_batch=2)
 
 
-def _talker(chunks: list[CodeChunk]) -> SpeechStage:
+def _talker(
+    chunks: list[CodeChunk], slots: int | None = None, clock: Callable[[], float] | None = None
+) -> SpeechStage:
+    """A tiny talker on CPU; `slots` places (the preset's by default), `clock` its clock."""
+    preset = PRESET
+    if slots is not None:
+        preset = replace(PRESET, talker_limits=replace(PRESET.talker_limits, max_batch=slots))
     torch.manual_seed(0)
-    model = materialize(lambda: DecoderLM(PRESET.talker), CPU, torch.float32)
-    talker = ArExecutor(model, PRESET.talker_limits, keep_hidden=False, graphs=False)
+    model = materialize(lambda: DecoderLM(preset.talker), CPU, torch.float32)
+    talker = ArExecutor(model, preset.talker_limits, keep_hidden=False, graphs=False)
     proj = materialize(
-        lambda: torch.nn.Linear(PRESET.thinker.hidden, PRESET.talker.hidden), CPU, torch.float32
+        lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
     )
-    return SpeechStage(talker, proj, PRESET, emit=lambda _ev: None, send=chunks.append)
+    timing = {} if clock is None else {"clock": clock}
+    return SpeechStage(talker, proj, preset, emit=lambda _ev: None, send=chunks.append, **timing)
 
 
 class Clock:
@@ -163,16 +171,7 @@ def test_preset_chunk_sizes_come_from_the_deploy_description() -> None:
 def _yielding_talker(chunks: list[CodeChunk], slots: int) -> SpeechStage:
     """A talker with `slots` places whose streams yield above 0.5 s of credit; its clock
     stands still, so a started stream's credit only grows."""
-    preset = replace(PRESET, talker_limits=replace(PRESET.talker_limits, max_batch=slots))
-    torch.manual_seed(0)
-    model = materialize(lambda: DecoderLM(preset.talker), CPU, torch.float32)
-    talker = ArExecutor(model, preset.talker_limits, keep_hidden=False, graphs=False)
-    proj = materialize(
-        lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
-    )
-    stage = SpeechStage(
-        talker, proj, preset, emit=lambda _ev: None, send=chunks.append, clock=lambda: 100.0
-    )
+    stage = _talker(chunks, slots, clock=lambda: 100.0)
     stage.configure(DownstreamRules(slack=True, yield_margin_s=0.5))
     return stage
 
@@ -225,17 +224,7 @@ def test_with_places_the_talker_admits_two_short_answers_before_one_long_one() -
     hang on CPU timing) it frees at 104. Deadline order would start the long answer (60 codes)
     there and both short ones (4 codes each) would miss; the place-aware order starts them."""
     chunks: list[CodeChunk] = []
-    clock = Clock()
-    preset = replace(PRESET, talker_limits=replace(PRESET.talker_limits, max_batch=1))
-    torch.manual_seed(0)
-    model = materialize(lambda: DecoderLM(preset.talker), CPU, torch.float32)
-    talker = ArExecutor(model, preset.talker_limits, keep_hidden=False, graphs=False)
-    proj = materialize(
-        lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
-    )
-    stage = SpeechStage(
-        talker, proj, preset, emit=lambda _ev: None, send=chunks.append, clock=clock
-    )
+    stage = _talker(chunks, slots=1, clock=Clock())
     stage.configure(DownstreamRules(slack=True, places=True))
     stage.submit(_stamped("run", 5, 1e9))
     stage.iterate()  # its prefill: the first code, 4 left
