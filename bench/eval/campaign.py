@@ -249,7 +249,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(plan, separators=(",", ":")) + "\n")
+    text = (json.dumps(plan, separators=(",", ":")) + "\n").encode()
+    # `--out X.json.gz` stores it gzipped (mtime 0: the same plan, the same bytes).
+    out.write_bytes(gzip.compress(text, mtime=0) if out.suffix == ".gz" else text)
     n_req = {pid: len(p["requests"]) for pid, p in points.items()}
     print(f"wrote {out}: {len(points)} points {n_req}, {len(items)} items")
     return 0
@@ -767,7 +769,9 @@ def runtime_digest() -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    data = Path(args.plan).read_bytes()
+    from horizonserve.runtime.calibrate.records import plan_bytes
+
+    data = plan_bytes(args.plan)
     args.plan_sha256 = hashlib.sha256(data).hexdigest()
     plan = json.loads(data)
     return Campaign(args, plan).run()
@@ -781,12 +785,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     the reference engine, the plan's class table."""
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.calibrate.artifact import load_artifact
-    from horizonserve.runtime.calibrate.records import plan_campaign
+    from horizonserve.runtime.calibrate.records import load_plan, plan_campaign
     from horizonserve.runtime.sim.engine import simulate
     from horizonserve.runtime.sim.fit import replay_of
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
-    plan = json.loads(Path(args.plan).read_text())
+    plan = load_plan(args.plan)
     art_path = args.artifact or plan["artifact"]["path"]
     art = load_artifact(art_path)
     pipeline = plan["pipeline"]
@@ -849,7 +853,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_carry(args: argparse.Namespace) -> int:
     from reuse import carry  # bench/eval/reuse.py, next to this script
 
-    data = Path(args.plan).read_bytes()
+    from horizonserve.runtime.calibrate.records import plan_bytes
+
+    data = plan_bytes(args.plan)
     plan = json.loads(data)
     systems = set(args.systems.split(","))
     unknown = systems - set(ALL)

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
-from reuse import read_members
+from reuse import load_plan, read_members
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -43,7 +43,7 @@ COLORS = {
 
 # -- loading ----------------------------------------------------------------------------------
 def load_run(run: Path) -> dict[str, Any]:
-    plan = json.loads((run / "plan.json").read_text())
+    plan = load_plan(run / "plan.json")
     items: dict[str, dict[str, Any]] = {}
     superseded: list[str] = []  # items run again (--redo): the later run counts
     sessions = []

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 # One reader of the per-item gzip members, shared with the simulator fit.
-from horizonserve.runtime.calibrate.records import read_members
+from horizonserve.runtime.calibrate.records import load_plan, read_members
 
 SAME_KEYS = ("pipeline", "preset", "slo", "downstream")
 
@@ -42,7 +42,7 @@ def carry(
     plan: dict[str, Any], plan_sha256: str, src: Path, systems: set[str], out: Path
 ) -> list[str]:
     """Copy `src`'s finished items of `systems` that `plan` would run identically into `out`."""
-    old_plan = json.loads((src / "plan.json").read_text())
+    old_plan = load_plan(src / "plan.json")
     why = mismatch(plan, old_plan)
     if why:
         raise SystemExit(f"carry: {why}; nothing carried")

@@ -1,6 +1,6 @@
 """Measured campaign runs, as the fit reads them (`bench/eval/campaign.py` writes them).
 
-A campaign directory holds `plan.json` (points: rate, long-path share, seed, duration and the
+A campaign directory holds `plan.json` — stored gzipped as `plan.json.gz`, see `plan_bytes` — (points: rate, long-path share, seed, duration and the
 request list; items: point × system × repetition; the SLO table) and one folder per device
 session `s*/` with `summary.json` (item status, which items were run again) and
 `records.jsonl.gz`: one gzip member per item, a JSON line per request (class, path, arrival
@@ -13,12 +13,34 @@ only requests that arrived at or after it count (the steady-state view).
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+
+def plan_bytes(path: str | Path) -> bytes:
+    """The JSON bytes of a campaign plan at `path`, or of its gzipped copy `path` + ".gz".
+
+    Plans are request lists of a few MB; they are committed gzipped. A plan's identity (the
+    `plan_sha256` every session records) is the digest of these JSON bytes, so a plan keeps it
+    when it is compressed. Where neither file exists the error names both."""
+    p = Path(path)
+    if p.is_file():
+        data = p.read_bytes()
+        return gzip.decompress(data) if p.suffix == ".gz" else data
+    gz = p.with_name(p.name + ".gz")
+    if gz.is_file():
+        return gzip.decompress(gz.read_bytes())
+    raise FileNotFoundError(f"no campaign plan at {p} (nor {gz.name})")
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """The campaign plan at `path` (plain or gzipped, `plan_bytes`)."""
+    return json.loads(plan_bytes(path))
 
 
 def read_members(path: Path) -> list[Any]:
@@ -94,10 +116,12 @@ def _share(records: list[dict[str, Any]], path: str | None) -> float | None:
 def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
     """The measured items of campaign directory `run` (module docstring)."""
     root = Path(run)
-    plan_file = root / "plan.json"
-    if not plan_file.is_file():
-        raise FileNotFoundError(f"--records {root}: no plan.json (not a campaign directory)")
-    plan = json.loads(plan_file.read_text())
+    try:
+        plan = load_plan(root / "plan.json")
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"--records {root}: no plan.json(.gz) (not a campaign directory)"
+        ) from None
     chosen: dict[str, tuple[str, list[dict[str, Any]], dict[str, Any]]] = {}
     superseded: list[str] = []
     for sdir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("s")):

@@ -151,10 +151,10 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
 
 def _plan_slo(setup: SimSetup, path: Path, pipeline: str) -> SimSetup:
     """`setup` judged by the SLO table a campaign plan recorded (its classes and multiplier)."""
-    from horizonserve.runtime.calibrate.records import plan_campaign
+    from horizonserve.runtime.calibrate.records import load_plan, plan_campaign
 
     try:
-        plan = plan_campaign(json.loads(path.read_text()), str(path))
+        plan = plan_campaign(load_plan(path), str(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--slo-plan {path}: not a campaign plan ({exc})") from None
     if plan.pipeline != pipeline:
