@@ -316,12 +316,12 @@ class ControlParams(_Model):
         "first come, first served.",
     )
     place_admission: bool = Field(
-        False,
+        True,
         description="Once a downstream stage's places cannot start every meetable request in "
         "time, admit by Moore–Hodgson over the places' estimated free times and each "
         "request's answer length: deadline order, deferring the longest answers that would "
         "make shorter ones miss. Where every request can start in time it is deadline order. "
-        "Needs downstream_admission.",
+        "Needs downstream_admission. Off: deadline order alone.",
     )
     reject_late: bool = Field(
         False,

@@ -38,11 +38,10 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "preemption": ("horizon-no-preemption", {}),
     "path rotation": ("horizon-no-rotation", {}),
     "late yield": ("horizon", {"late_yield": False}),
+    "place admission": ("horizon", {"place_admission": False}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
-OPT_IN: dict[str, dict[str, Any]] = {
-    "place admission": {"place_admission": True},
-}
+OPT_IN: dict[str, dict[str, Any]] = {}
 _CACHE: dict[str, tuple[SimSetup, Any]] = {}
 
 
