@@ -38,6 +38,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "preemption": ("horizon-no-preemption", {}),
     "path rotation": ("horizon-no-rotation", {}),
     "late yield": ("horizon", {"late_yield": False}),
+    "deadline order": ("horizon", {"deadline_order": False}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
 OPT_IN: dict[str, dict[str, Any]] = {
