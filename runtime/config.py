@@ -287,6 +287,13 @@ class ControlParams(_Model):
         "the stage stops spending itself on requests already lost. Ignored with "
         "protect_past_deadline.",
     )
+    deadline_order: bool = Field(
+        True,
+        description="The shared stage's view lists its on-time requests by deadline, not "
+        "arrival (late ones after them with late_yield), and a long-path phase keeps on-time "
+        "short-path prefills visible in that order: a tight-SLO prompt is not left behind a "
+        "loose one (a summary, a speech prompt) for the running set's last place.",
+    )
     reservation_pays: bool = Field(
         True,
         description="Calibration's verdict for this pipeline: the downstream co-runner steps "
@@ -375,6 +382,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "shared_hold_s": 0.0,
     "late_yield": False,
     "place_admission": False,
+    "deadline_order": False,
 }
 
 

@@ -6,16 +6,17 @@ simulator, the reference GPU pipeline and the vLLM-Omni plugin — tell it when 
 leave the shared stage's waiting queue and call `step` once per shared-stage opportunity. Every
 decision is a function of state and the `now` passed in; no clock is read here.
 
-    policy                 rotation  order       SM split   downstream  preemption
-    horizon                   yes    FIFO, late  ladder     slack       yes
-    fcfs                       no    FIFO        whole GPU  FIFO        no
-    edf                        no    deadline    whole GPU  FIFO        no
-    priority                   no    priority    whole GPU  FIFO        on KV pressure (engine)
-    horizon-no-rotation        no    FIFO, late  ladder     slack       yes
-    horizon-no-throttling     yes    FIFO, late  whole GPU  slack       yes
-    horizon-no-downstream     yes    FIFO, late  ladder     FIFO        yes
-    horizon-no-preemption     yes    FIFO, late  ladder     slack       no
-"FIFO, late": queue order with late prefills after the on-time ones (`late_yield`).
+    policy                 rotation  order           SM split   downstream  preemption
+    horizon                   yes    deadline, late  ladder     slack       yes
+    fcfs                       no    FIFO            whole GPU  FIFO        no
+    edf                        no    deadline        whole GPU  FIFO        no
+    priority                   no    priority        whole GPU  FIFO        on KV pressure (engine)
+    horizon-no-rotation        no    deadline, late  ladder     slack       yes
+    horizon-no-throttling     yes    deadline, late  whole GPU  slack       yes
+    horizon-no-downstream     yes    deadline, late  ladder     FIFO        yes
+    horizon-no-preemption     yes    deadline, late  ladder     slack       no
+"deadline, late": on-time requests in deadline order (`deadline_order`; off: queue order), late
+prefills after them (`late_yield`).
 MPS / EDF-MPS are a GPU-sharing mode of the engine, combined with fcfs / edf. "priority" is
 vLLM's own policy: waiting requests by (priority code, arrival); under KV pressure the engine
 preempts its lowest-priority running request (vLLM's rule, not HorizonServe's).
@@ -47,17 +48,18 @@ class PolicyTraits:
     downstream_control: bool  # slack-ordered downstream admission and playback yielding
     preemption: bool  # a protected short-path request may preempt a long-path decode
     late_yield: bool  # late prefills follow the on-time ones in the view (HorizonServe's rule)
+    deadline_order: bool  # on-time requests in deadline order in the view (HorizonServe's rule)
 
 
 _TRAITS: dict[PolicyName, PolicyTraits] = {
-    PolicyName.HORIZON: PolicyTraits(True, False, False, True, True, True, True),
-    PolicyName.FCFS: PolicyTraits(False, False, False, False, False, False, False),
-    PolicyName.EDF: PolicyTraits(False, True, False, False, False, False, False),
-    PolicyName.PRIORITY: PolicyTraits(False, False, True, False, False, False, False),
-    PolicyName.NO_ROTATION: PolicyTraits(False, False, False, True, True, True, True),
-    PolicyName.NO_THROTTLING: PolicyTraits(True, False, False, False, True, True, True),
-    PolicyName.NO_DOWNSTREAM: PolicyTraits(True, False, False, True, False, True, True),
-    PolicyName.NO_PREEMPTION: PolicyTraits(True, False, False, True, True, False, True),
+    PolicyName.HORIZON: PolicyTraits(True, False, False, True, True, True, True, True),
+    PolicyName.FCFS: PolicyTraits(False, False, False, False, False, False, False, False),
+    PolicyName.EDF: PolicyTraits(False, True, False, False, False, False, False, False),
+    PolicyName.PRIORITY: PolicyTraits(False, False, True, False, False, False, False, False),
+    PolicyName.NO_ROTATION: PolicyTraits(False, False, False, True, True, True, True, True),
+    PolicyName.NO_THROTTLING: PolicyTraits(True, False, False, False, True, True, True, True),
+    PolicyName.NO_DOWNSTREAM: PolicyTraits(True, False, False, True, False, True, True, True),
+    PolicyName.NO_PREEMPTION: PolicyTraits(True, False, False, True, True, False, True, True),
 }
 
 
@@ -109,6 +111,7 @@ class SchedulingPolicy:
             edf=t.edf,
             by_priority=t.by_priority,
             late_yield=t.late_yield and control.late_yield,
+            deadline_order=t.deadline_order and control.deadline_order,
         )
         spatial_cls = SpatialController if t.throttling else UncappedSpatial
         self.spatial: SpatialController | UncappedSpatial = spatial_cls(config.ladder, control)

@@ -21,6 +21,14 @@ long-path cap goes to on-time prefills first. Late requests still fill whatever 
 ones leave, so nothing is dropped; but under overload the stage stops spending itself on
 requests that are already lost, which otherwise makes every request behind them late too.
 
+Deadline order (`deadline_order`, HorizonServe's policies): the view shows its on-time requests
+in deadline order instead of entry order (late ones after them, in entry order, with
+`late_yield`), and a long-path phase keeps the on-time short-path prefills visible, ordered with
+the capped long-path ones. The rotation then decides when long-path prefills may enter (and
+how many), not that a tight-SLO prompt waits behind a loose one: in entry order a loose-SLO
+prompt that came first (a summary, a protected speech prompt, the capped long-path prefills of
+a long-path phase) takes the running set's last place from a text prompt due in milliseconds.
+
 The index is incremental: add/remove are O(log n) and `plan` costs O(log n) amortised, so the
 per-step cost does not grow with the waiting queue. The base scheduler then walks the queue with
 `StepView.iter_visible` (lazy) or takes `split` (materialised) and `restore` afterwards.
@@ -43,7 +51,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TypeVar
 
 from horizonserve.runtime.config import ControlParams
@@ -58,6 +66,7 @@ T = TypeVar("T")
 MEMBERS_LONG_MAX = 64
 _sig_of_entry = itemgetter(2)
 _sig_of_pair = itemgetter(1)
+_deadline_of = attrgetter("deadline", "seq")  # deadline order (C-level key)
 
 
 class _EntryList:
@@ -122,7 +131,9 @@ class StepView:
     long_limit: tuple[float, int] | None  # on-time ordinary long visible iff (d, seq) <= this
     long_visible: bool  # False: no on-time ordinary long-path prefill is visible this step
     visible: int  # how many waiting requests are visible: a walk stops after that many
-    edf: bool = False  # the base scheduler sees visible requests in deadline order
+    # The base scheduler sees visible requests in deadline order (with `late`: the on-time ones
+    # in deadline order, then the late ones in queue order).
+    edf: bool = False
     by_priority: bool = False  # … in (API priority code, admission) order (vLLM's priority)
     # Long-path phases: the index that holds this step's visible set (see `members`).
     index: TemporalScheduler | None = field(default=None, repr=False, compare=False)
@@ -131,12 +142,13 @@ class StepView:
     late_long_visible: bool = False
     late: int = 0  # visible late prefills, yielded after every on-time one (0: queue order)
     long_hidden: bool = False  # some ordinary long-path prefill is hidden this step
+    short_on_time: bool = False  # a long-path phase shows on-time short-path prefills too
 
     def is_visible(self, sig: RequestSignals) -> bool:
         if sig.prefilled or sig.protected:
             return True
         if not sig.long_path:
-            return self.phase is not Phase.LONG
+            return self.phase is not Phase.LONG or (self.short_on_time and not sig.late)
         if sig.late:
             visible, limit = self.late_long_visible, self.late_limit
         else:
@@ -164,7 +176,7 @@ class StepView:
         """Lazily yield the visible requests in view order (materialised when EDF).
 
         View order is queue order (deadline order when EDF), late prefills after the on-time
-        ones when the view has any (`late`). `lookup` maps a waiting request's
+        ones (in queue order) when the view has any (`late`). `lookup` maps a waiting request's
         signals to its item in `waiting`; pass it only when `waiting` is in index-entry order
         (FIFO, re-queued requests at the tail). With it a long-path phase yields `members`
         mapped through `lookup` (see MEMBERS_LONG_MAX): the same sequence, without walking past
@@ -182,7 +194,7 @@ class StepView:
 
     def _walk(self, waiting: Iterable[T], signals: Callable[[T], RequestSignals]) -> Iterator[T]:
         """The queue walk behind `iter_visible`: visible requests of `waiting` in view order."""
-        if self.edf or self.by_priority:
+        if self.by_priority:
             yield from self.split(waiting, signals)[0]
             return
         left = self.visible
@@ -190,8 +202,11 @@ class StepView:
             return
         # is_visible, inlined: this loop is the per-step cost the base scheduler pays. It ends
         # after the last visible request, so it costs O(position of the last one it yields).
-        # Late visible requests wait in `deferred` and follow the on-time ones.
+        # Late visible requests wait in `deferred` and follow the on-time ones. In deadline
+        # order (EDF) the on-time ones are collected in `front` and sorted once the walk ends.
+        front: list[T] | None = [] if self.edf else None
         show_short = self.phase is not Phase.LONG
+        short_on_time = self.short_on_time
         long_visible, limit = self.long_visible, self.long_limit
         late_long, late_limit = self.late_long_visible, self.late_limit
         deferred: list[T] | None = [] if self.late else None
@@ -200,7 +215,7 @@ class StepView:
             if sig.prefilled or sig.protected:
                 pass
             elif not sig.long_path:
-                if not show_short:
+                if not show_short and not (short_on_time and not sig.late):
                     continue
             elif sig.late:
                 if not late_long or (
@@ -211,11 +226,16 @@ class StepView:
                 continue
             if deferred is not None and sig.late:
                 deferred.append(item)
+            elif front is not None:
+                front.append(item)
             else:
                 yield item
             left -= 1
             if not left:
                 break
+        if front:
+            front.sort(key=lambda item: _deadline_of(signals(item)))
+            yield from front
         if deferred:
             yield from deferred
 
@@ -228,7 +248,9 @@ class StepView:
         is_visible = self.is_visible
         for item in waiting:
             (visible if is_visible(signals(item)) else hidden).append(item)
-        if self.edf:
+        if self.edf and self.late:  # on-time by deadline, then late in queue order (stable)
+            visible.sort(key=lambda item: _yield_key(signals(item)))
+        elif self.edf:
             visible.sort(key=lambda item: _deadline_key(signals(item)))
         elif self.by_priority:
             visible.sort(key=lambda item: _priority_key(signals(item)))
@@ -239,6 +261,10 @@ class StepView:
 
 def _deadline_key(sig: RequestSignals) -> tuple[float, int]:
     return sig.deadline, sig.seq
+
+
+def _yield_key(sig: RequestSignals) -> tuple[bool, float, int]:
+    return (True, 0.0, 0) if sig.late else (False, sig.deadline, sig.seq)
 
 
 def _priority_key(sig: RequestSignals) -> tuple[int, int]:
@@ -281,6 +307,7 @@ class TemporalScheduler:
         "_continuations",
         "_control",
         "_cycle_pos",
+        "_dl",
         "_edf",
         "_entry",
         "_expiry",
@@ -309,14 +336,18 @@ class TemporalScheduler:
         edf: bool = False,
         by_priority: bool = False,
         late_yield: bool = False,
+        deadline_order: bool = False,
     ) -> None:
         if by_priority and (edf or rotation):
             raise ValueError("priority order is a plain queue order: no rotation, no EDF")
         if late_yield and (edf or by_priority):
             raise ValueError("late_yield reorders a FIFO view: not with EDF or priority order")
+        if deadline_order and (edf or by_priority):
+            raise ValueError("deadline_order is HorizonServe's order: not with EDF or priority")
         self._control = control
         self._rotation = rotation
         self._edf = edf
+        self._dl = deadline_order
         self._by_priority = by_priority
         self._cap = control.long_path_cap
         self._n = control.rotation_n_min
@@ -479,7 +510,7 @@ class TemporalScheduler:
             total = cont + self._short_waiting + self._long_waiting
             n_late = len(self._short_late) + len(late) if late_last else 0
             return StepView(
-                step, Phase.ALL, 0, None, True, total, self._edf, self._by_priority,
+                step, Phase.ALL, 0, None, True, total, self._edf or self._dl, self._by_priority,
                 late_long_visible=True, late=n_late,
             )  # fmt: skip
         control = self._control
@@ -493,27 +524,35 @@ class TemporalScheduler:
             phase = Phase.LONG
         elif phase is Phase.LONG and long_n == 0:
             phase = Phase.SHORT
+        dl = self._dl
         if phase is Phase.SHORT:
             visible = cont + self._short_waiting + long_protected
             n_late = len(self._short_late) if late_last else 0
-            # With late prefills the view reads its sequence from the index (`iter_visible`
-            # with a lookup), so it need not walk past the late ones at the queue's head.
+            # With late prefills (or in deadline order) the view reads its sequence from the
+            # index (`iter_visible` with a lookup), so it need not walk past the late ones at
+            # the queue's head (nor sort the queue).
             return StepView(
-                step, phase, n, None, False, visible, index=self if n_late else None,
+                step, phase, n, None, False, visible, dl, index=self if n_late or dl else None,
                 late=n_late, long_hidden=long_n > 0,
             )  # fmt: skip
         visible = cont + self._short_protected + long_protected
+        if dl:  # the on-time short-path prefills stay visible, in deadline order
+            visible += len(self._short_on)
         cap = self._cap
         if cap == 0:
-            return StepView(step, phase, n, None, False, visible, index=self, long_hidden=True)
+            return StepView(
+                step, phase, n, None, False, visible, dl, index=self, long_hidden=True,
+                short_on_time=dl,
+            )  # fmt: skip
         if not late_last:
             # One deadline order over both lists (late first): the cap's earliest deadlines.
             limit = None
             if long_n > cap:
                 limit = late[cap - 1][:2] if cap <= len(late) else on_time[cap - 1 - len(late)][:2]
             return StepView(
-                step, phase, n, limit, True, visible + min(cap, long_n), index=self,
+                step, phase, n, limit, True, visible + min(cap, long_n), dl, index=self,
                 late_limit=limit, late_long_visible=True, long_hidden=long_n > cap,
+                short_on_time=dl,
             )  # fmt: skip
         # On-time long-path prefills take the cap first; late ones get the places left.
         shown_on = min(cap, len(on_time))
@@ -522,9 +561,10 @@ class TemporalScheduler:
         return StepView(
             step, phase, n,
             on_time[cap - 1][:2] if len(on_time) > cap else None, shown_on > 0,
-            visible + shown_on + shown_late, index=self,
+            visible + shown_on + shown_late, dl, index=self,
             late_limit=late[rest - 1][:2] if len(late) > rest > 0 else None,
             late_long_visible=shown_late > 0, late=shown_late, long_hidden=long_n > cap,
+            short_on_time=dl,
         )  # fmt: skip
 
     def _long_members(self, long_visible: bool, gate: bool) -> list[RequestSignals] | None:
@@ -538,6 +578,8 @@ class TemporalScheduler:
             shown_long = min(cap, len(on_time) + len(late))
             if shown_long > MEMBERS_LONG_MAX and 4 * shown_long > len(self._entry):
                 return None
+        if self._dl:
+            return self._long_members_by_deadline(long_visible)
         if not long_visible or cap == 0 or not (on_time or late):
             return self._shown.sigs[:]
         entry = self._entry
@@ -557,12 +599,42 @@ class TemporalScheduler:
         members.extend(tail)
         return members
 
+    def _long_members_by_deadline(self, long_visible: bool) -> list[RequestSignals]:
+        """`_long_members` in deadline order: the shown requests, the on-time short-path
+        prefills and the capped on-time long-path prefills by deadline; with `late_yield` the
+        capped late ones follow in entry order. Without it the cap takes the earliest deadlines
+        over both lists (late first), all in one deadline order."""
+        on_time, late, cap = self._long_ordinary, self._long_late, self._cap
+        members = self._shown.sigs + self._short_on.sigs
+        tail: list[RequestSignals] = []
+        if long_visible and cap:
+            if self._late_last:
+                members += map(_sig_of_entry, on_time[:cap])
+                tail = self._first_by_entry(late, cap - min(cap, len(on_time)))
+            else:
+                members += map(_sig_of_entry, (late[:cap] + on_time[:cap])[:cap])
+        members.sort(key=_deadline_of)
+        if tail:
+            members += tail
+        return members
+
     def _short_members(self) -> Iterator[RequestSignals]:
         """A short-path phase's visible set in view order: the shown requests and the on-time
         short-path prefills merged in entry order, then the late ones in entry order. Reads
         snapshots (C-level copies; the late ones' taken when the walk reaches them), so the
         caller may dequeue what it takes while it iterates; the merge is lazy, so a caller
-        that stops after k requests pays O(k) above the copies."""
+        that stops after k requests pays O(k) above the copies. In deadline order
+        (`deadline_order`) the shown and on-time ones are sorted by deadline (a sort of a few
+        entry-ordered runs, one per class); without `late_yield` the late ones join that sort."""
+        if self._dl:
+            members = self._shown.sigs + self._short_on.sigs
+            if not self._late_last:
+                members += self._short_late.sigs
+            members.sort(key=_deadline_of)
+            yield from members
+            if self._late_last:
+                yield from self._short_late.snapshot()[1]
+            return
         on_tickets, on = self._short_on.snapshot()
         if not self._shown:
             yield from on

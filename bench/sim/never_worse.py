@@ -39,6 +39,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "path rotation": ("horizon-no-rotation", {}),
     "late yield": ("horizon", {"late_yield": False}),
     "place admission": ("horizon", {"place_admission": False}),
+    "deadline order": ("horizon", {"deadline_order": False}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
 OPT_IN: dict[str, dict[str, Any]] = {}

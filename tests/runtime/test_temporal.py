@@ -397,3 +397,140 @@ def test_protect_past_deadline_keeps_late_requests_visible() -> None:
     views = [q.sched.plan(t) for t in (0.49, 0.495, 0.6)]
     assert views[-1].phase is Phase.LONG
     assert views[-1].is_visible(text) and not text.late
+
+
+# -- deadline order (`deadline_order`) ---------------------------------------------------------
+
+
+def _slo_with_loose_short():
+    """make_slo plus a short-path class with a looser SLO than text (a summary)."""
+    slo = make_slo()
+    text = slo.classes[0]
+    summary = text.model_copy(update={"name": "summary", "solo_p95_s": 0.4})
+    return slo.model_copy(update={"classes": [*slo.classes, summary]})
+
+
+def make_dl_queue(control: ControlParams, late_yield: bool) -> Queue:
+    sched = TemporalScheduler(control, late_yield=late_yield, deadline_order=True)
+    return Queue(sched, RequestProfiler(_slo_with_loose_short(), control.u_guard), [])
+
+
+def dl_oracle(
+    view: StepView,
+    items: list[RequestSignals],
+    now: float,
+    cap: int,
+    keep_late: bool,
+    late_yield: bool,
+) -> list:
+    """The deadline-ordered view from the definitions: what the FIFO view shows, plus the
+    on-time short-path prefills in a long-path phase; on-time ones by deadline, then (with
+    late prefills deferred, `view.late`) the late ones in queue order."""
+    protected = {
+        id(s)
+        for s in items
+        if not s.prefilled and s.protect_at < now and (keep_late or now <= s.deadline)
+    }
+    deferred = late_yield and not keep_late
+
+    def late(s: RequestSignals) -> bool:
+        return not keep_late and not s.prefilled and now > s.deadline
+
+    # The long-path cap: earliest deadlines, on-time ones first while late ones are deferred.
+    ordinary_long = sorted(
+        (s for s in items if s.long_path and not s.prefilled and id(s) not in protected),
+        key=lambda s: (late(s) and deferred, s.deadline, s.seq),
+    )
+    capped = {id(s) for s in ordinary_long[:cap]}
+
+    def visible(s: RequestSignals) -> bool:
+        if s.prefilled or id(s) in protected or view.phase is Phase.ALL:
+            return True
+        if not s.long_path:
+            return view.phase is Phase.SHORT or not late(s)
+        return view.phase is Phase.LONG and id(s) in capped
+
+    shown = [s for s in items if visible(s)]
+    if deferred:
+        on = sorted((s for s in shown if not late(s)), key=lambda s: (s.deadline, s.seq))
+        return on + [s for s in shown if late(s)]
+    return sorted(shown, key=lambda s: (s.deadline, s.seq))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=queue_ops,
+    cap=st.integers(min_value=0, max_value=4),
+    keep_late=st.booleans(),
+    batch=st.integers(min_value=0, max_value=4),
+    late_yield=st.booleans(),
+    rotation_off=st.booleans(),
+)
+def test_deadline_order_view(
+    ops: list, cap: int, keep_late: bool, batch: int, late_yield: bool, rotation_off: bool
+) -> None:
+    """Deadline order: the index's sequence (lookup), the queue walk and the split agree with
+    the definitions, also when the caller dequeues what it takes while it iterates."""
+    control = ControlParams(
+        long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
+    )
+    q = make_dl_queue(control, late_yield)
+    if rotation_off:
+        q.sched = TemporalScheduler(control, rotation=False, late_yield=late_yield,
+                                    deadline_order=True)  # fmt: skip
+    classes = (*CLASSES, "summary")
+    now = 0.0
+    for op, cls, prefilled, dt, pick in ops:
+        now += dt
+        if op == "add":
+            q.add(classes[pick % 4] if cls == "text" else cls, now, prefilled=prefilled)
+        elif op in ("take", "requeue") and q.items:
+            sig = q.items[pick % len(q.items)]
+            if op == "take":
+                q.take(sig)
+            else:
+                q.requeue(sig, now, prefilled=prefilled)
+        elif op == "step":
+            view = q.sched.plan(now)
+            assert view.edf
+            expected = dl_oracle(view, q.items, now, cap, keep_late, late_yield)
+            assert view.split(q.items, _ident)[0] == expected
+            assert view.visible == len(expected)
+            assert list(view.iter_visible(q.items, _ident)) == expected  # the queue walk
+            assert list(view.iter_visible(q.items, _ident, _ident)) == expected
+            if view.phase is Phase.LONG:
+                assert view.members() == expected
+            taken = []
+            for sig in view.iter_visible(q.items, _ident, _ident):
+                if len(taken) == batch:
+                    break
+                taken.append(sig)
+                q.sched.remove(sig)
+            assert taken == expected[:batch]
+            for sig in taken:
+                q.items.remove(sig)
+
+
+def test_deadline_order_puts_tight_text_before_a_loose_prompt_that_came_first() -> None:
+    """A summary (loose SLO) that arrived first goes behind a text prompt due sooner; in a
+    long-path phase the on-time text prompt stays visible, ahead of the capped long-path
+    prefill with the later deadline."""
+    q = make_dl_queue(ControlParams(rotation_n_min=1, rotation_n_max=1, rotation_m=1), True)
+    summary = q.add("summary", 0.0)
+    text = q.add("text", 0.01)
+    speech = q.add("audio-out", 0.0)
+    view = q.sched.plan(0.02)
+    assert view.phase is Phase.SHORT
+    assert list(view.iter_visible(q.items, _ident, _ident)) == [text, summary]
+    assert list(view.iter_visible(q.items, _ident)) == [text, summary]
+    view = q.sched.plan(0.02)
+    assert view.phase is Phase.LONG
+    assert list(view.iter_visible(q.items, _ident, _ident)) == [text, summary, speech]
+    assert view.members() == [text, summary, speech]
+
+
+def test_deadline_order_is_refused_with_edf_or_priority() -> None:
+    with pytest.raises(ValueError):
+        TemporalScheduler(ControlParams(), rotation=False, edf=True, deadline_order=True)
+    with pytest.raises(ValueError):
+        TemporalScheduler(ControlParams(), rotation=False, by_priority=True, deadline_order=True)

@@ -590,13 +590,16 @@ def _burst_trace(
 
 
 # Path rotation's gain (short-path, all) under long-path bursts that a test requires, per artifact.
-ROTATION_GAIN = {"measured": (0.006, 0.002), "estimate": (0.15, 0.05)}
+ROTATION_GAIN = {"measured": (0.006, 0.002), "estimate": (0.12, 0.04)}
 
 
 @pytest.mark.parametrize("art", ["measured", "estimate"])
 def test_removing_path_rotation_loses_under_long_path_bursts(request, art: str) -> None:
-    """Smallest gains over seeds 0–7 (short-path / all): estimate 0.171 / 0.063 (seed 6), its
-    thresholds the ones set before the H200 artifact. Fitted H200 default on the 30-sample
+    """Smallest gains over seeds 0–7 (short-path / all): estimate 0.158 / 0.050 (seed 2; with
+    deadline order, which the ablation keeps and which gains it 0.03–0.17 / 0.01–0.05), its
+    thresholds three quarters of those (before deadline order 0.171 / 0.063, thresholds
+    0.15 / 0.05, set before the H200 artifact); with deadline order the measured minima are
+    0.036 / 0.013 (seed 6). Fitted H200 default on the 30-sample
     calibration 0.008 / 0.003 (seed 4; 0.008–0.189 / 0.003–0.060, tested seeds ≥ 0.041 / 0.013;
     bench/results/sim-fit-h200-2/margins/margins.txt), its thresholds three quarters of those
     minima: its simulated text SLOs are 5 × 15.7 ms, so a 30-request burst leaves few
