@@ -115,7 +115,8 @@ def test_the_knob_reaches_the_stages_only_with_downstream_control() -> None:
     assert not make_policy("edf", on).place_admission  # a baseline keeps its own order
     off = make_config(place_admission=True, downstream_admission=False)
     assert not make_policy("horizon", off).place_admission
-    assert not downstream_rules(make_config()).places  # off by default
+    assert downstream_rules(make_config()).places  # on by default
+    assert not downstream_rules(make_config(place_admission=False)).places
 
 
 _queue = st.lists(

@@ -527,14 +527,17 @@ def test_slack_split_beats_the_split_without_it_on_the_fitted_h200(
 ) -> None:
     """The never-worse rule for the slack split: HorizonServe with `slack_split` against the
     same controller without it (here: uncapped under MPS throughout, as the calibration's
-    `throttling_pays` false leaves it). Over seeds 0–7 the split gained 0.036–0.085 of mean
-    attainment over the stressed rates (seed 2 the smallest): an urgent talker gets
-    S_tot − S_min instead of sharing the whole GPU as an MPS client."""
+    `throttling_pays` false leaves it). Over seeds 0–7 the split gained 0.014–0.036 of mean
+    attainment over the stressed rates (seed 2 the smallest; tested seeds ≥ 0.014): an urgent
+    talker gets S_tot − S_min instead of sharing the whole GPU as an MPS client
+    (bench/results/sim/defaults-places-deadline/margins/margins.txt). Before place admission
+    and the deadline-ordered view it gained 0.036–0.085: place admission starts the streams
+    that can still make it, part of what the faster talker bought."""
     off = replace(setup, control=setup.control.model_copy(update={"slack_split": False}))
     off_runs = Runs(off, workload)
     for seed in SEEDS:
         on, without = measured_runs.stressed("horizon", seed), off_runs.stressed("horizon", seed)
-        assert on > without + 0.02, (seed, on, without)
+        assert on > without + 0.01, (seed, on, without)
 
 
 def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Runs) -> None:

@@ -63,12 +63,12 @@ def test_place_admission_serves_more_speech_in_time_and_loses_nothing() -> None:
     """Overloaded talker (12 req/s): the place-aware order defers the longest answers that
     would make shorter ones miss. Every request is still accounted for (answered or counted as
     a miss), and more speech requests start in time on this trace."""
-    trace, edf = _run("horizon")
-    _, places = _run("horizon", place_admission=True)
+    trace, edf = _run("horizon", place_admission=False)
+    _, places = _run("horizon")  # on by default
     long_path = ~edf.short_mask()
     assert len(places.latency) == len(trace)
     assert int(np.isnan(places.latency).sum()) <= int(np.isnan(edf.latency).sum()) + 5
     assert places.met()[long_path].sum() > edf.met()[long_path].sum()
-    _, fcfs = _run("mps", place_admission=True)  # a baseline keeps arrival order
-    _, fcfs_off = _run("mps")
+    _, fcfs = _run("mps")  # a baseline keeps arrival order
+    _, fcfs_off = _run("mps", place_admission=False)
     assert np.array_equal(fcfs.met(), fcfs_off.met())
