@@ -1,14 +1,15 @@
 """Measured campaign runs, as the fit reads them (`bench/eval/campaign.py` writes them).
 
-A campaign directory holds `plan.json` — stored gzipped as `plan.json.gz`, see `plan_bytes` — (points: rate, long-path share, seed, duration and the
-request list; items: point × system × repetition; the SLO table) and one folder per device
-session `s*/` with `summary.json` (item status, which items were run again) and
-`records.jsonl.gz`: one gzip member per item, a JSON line per request (class, path, arrival
-offset, first response, `slo_met`). An item counts from the last session that ran it with
-status ok, where a later session replaces an earlier one only when it re-ran it on purpose
-(`redo`) — the rule of the campaign's own report. Attainment is recomputed from the records:
-every request of the item counts; one without a first response is a miss. With `warmup_s`,
-only requests that arrived at or after it count (the steady-state view).
+A campaign directory holds `plan.json` (committed gzipped as `plan.json.gz`, see `plan_bytes`;
+points: rate, long-path share, seed, duration and the request list; items: point × system ×
+repetition; the SLO table) and one folder per device session `s*/` with `summary.json` (item
+status, which items were run again) and `records.jsonl.gz`: one gzip member per item, a JSON
+line per request (class, path, arrival offset, first response, `slo_met`). An item counts from
+the last session that ran it with status ok, where a later session replaces an earlier one only
+when it re-ran it on purpose (`redo`) — the rule of the campaign's own report. Attainment is
+recomputed from the records: every request of the item counts; one without a first response is
+a miss. With `warmup_s`, only requests that arrived at or after it count (the steady-state
+view).
 """
 
 from __future__ import annotations
