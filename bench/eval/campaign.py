@@ -415,6 +415,18 @@ def item_summary(
     return out
 
 
+def unrecorded_control(plan: dict[str, Any]) -> dict[str, Any]:
+    """Control knobs newer than `plan`, with the values they take when it runs today.
+
+    A plan records every knob that existed when it was written; one added since runs at its
+    default, which the session's summary keeps beside the plan's digest."""
+    from horizonserve.runtime.config import ControlParams
+
+    recorded = plan["serving_config"].get("control", {})
+    defaults = ControlParams().model_dump()
+    return {k: v for k, v in defaults.items() if k not in recorded}
+
+
 class Campaign:
     def __init__(self, args: argparse.Namespace, plan: dict[str, Any]) -> None:
         self.args = args
@@ -433,7 +445,15 @@ class Campaign:
             "items": {},
             "restarts": [],
             "skipped": [],
+            "control_defaults": unrecorded_control(plan),
         }
+        if self.summary["control_defaults"]:
+            log.warning(
+                "the plan records no %s: today's defaults run (%s); write a new plan to record "
+                "them",
+                ", ".join(self.summary["control_defaults"]),
+                self.summary["control_defaults"],
+            )
 
     # -- outputs --------------------------------------------------------------------------------
     def save_summary(self) -> None:

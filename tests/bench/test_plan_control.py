@@ -50,3 +50,27 @@ def test_a_bad_override_names_the_knob(tmp_path: Path, pair: str, says: str) -> 
         _plan(tmp_path, "c.json", "--control", pair)
     assert says in str(exc.value)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_knob_newer_than_the_plan_is_named_with_the_value_it_runs(tmp_path: Path) -> None:
+    """A plan records every knob of its day; one added since runs at its default, and the
+    session's summary says so (`control_defaults`) instead of replaying it silently."""
+    campaign = load_eval_script("campaign")
+    plan = _plan(tmp_path, "a.json")
+    assert campaign.unrecorded_control(plan) == {}
+    del plan["serving_config"]["control"]["deadline_order"]
+    assert campaign.unrecorded_control(plan) == {"deadline_order": True}
+
+
+def test_a_plan_written_gzipped_reads_back_the_same(tmp_path: Path) -> None:
+    from horizonserve.runtime.calibrate.records import load_plan
+
+    plain = _plan(tmp_path, "a.json")
+    argv = ["plan", "--out", str(tmp_path / "b.json.gz"), "--pipeline", "qwen2_5_omni",
+            "--artifact", str(ARTIFACT), "--duration", "10", "--rates", "8", "--stress-rate",
+            "8", "--long-ratios", "0"]  # fmt: skip
+    assert load_eval_script("campaign").main(argv) == 0
+    packed = load_plan(tmp_path / "b.json")  # X.json absent: X.json.gz is read
+    assert {k: v for k, v in packed.items() if k != "command"} == {
+        k: v for k, v in plain.items() if k != "command"
+    }
