@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact
+from horizonserve.runtime.calibrate.records import load_plan
 from tests.cli.test_cli_errors import assert_refused, run_cli
 
 PACKAGED = Path(__file__).resolve().parents[2] / "runtime/data/calibration" / DEFAULT_ARTIFACT
@@ -55,7 +56,7 @@ def test_slo_plan_judges_by_the_campaigns_table(
             "--json", str(out)]  # fmt: skip
     code, stdout, err = run_cli(argv, capsys)
     assert code == 0, err
-    recorded = json.loads(PLAN.read_text())["slo"]
+    recorded = load_plan(PLAN)["slo"]  # committed as bagel-plan.json.gz
     got = json.loads(out.read_text())
     assert got["slo_targets_s"] == pytest.approx(recorded)
     art = {k: 5.0 * v for k, v in load_artifact(None).pipeline("bagel").solo_p95_s.items()}
@@ -74,7 +75,7 @@ def test_slo_plan_judges_by_the_campaigns_table(
 def test_slo_plan_refuses_a_plan_that_does_not_fit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, says: str
 ) -> None:
-    plan = json.loads(PLAN.read_text())
+    plan = load_plan(PLAN)
     edit(plan)
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(plan))
