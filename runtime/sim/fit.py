@@ -52,7 +52,7 @@ from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.sim.systems import get_system
-from horizonserve.runtime.spatial import UNCAPPED, partitioned
+from horizonserve.runtime.spatial import LIFTED, OPEN, UNCAPPED, partitioned
 from horizonserve.runtime.workload import Trace, generate, load_workload, mix_weights
 
 
@@ -185,7 +185,12 @@ def reference_engine(
       the preset reads them (`calibrate.limits.with_deploy`);
     * prompt tokens per image, audio second and video second: the preset's;
     * prefill padded to the executor's length buckets (`engine.reference.ar.prefill_buckets`:
-      the batch at its longest prompt), prefill and decode as two calls (`prefill_then_decode`).
+      the batch at its longest prompt), prefill and decode as two calls (`prefill_then_decode`);
+    * the thinker decodes each answer's text tokens, spoken answers included (the trace's
+      `output_tokens`: `engine.reference.backend` hands the thinker nothing else), so
+      `decode_tokens_per_output_audio_second` is 0. A model whose thinker decodes speech
+      tokens itself (MiMo-Audio's 6.25 per second of speech in the vLLM-Omni deployment) does
+      so only on the deploy path.
 
     The entry's `deploy_profile` becomes None: its limits are written in it (the simulator would
     otherwise re-read them from the deploy file, which the reference thinker does not follow).
@@ -210,6 +215,7 @@ def reference_engine(
             "tokens_per_video_second": float(ref.tokens_per_video_second),
             "prefill_buckets": list(prefill_buckets(lim.max_len)),
             "prefill_then_decode": True,
+            "decode_tokens_per_output_audio_second": 0.0,
         }
     )
     notes = dict(cal.notes)
@@ -223,6 +229,11 @@ def reference_engine(
         ("tokens_per_video_second", "prompt tokens per input video second"),
         ("prefill_buckets", "prompt lengths prefill pads to (ar.prefill_buckets)"),
         ("prefill_then_decode", "prefill and decode as two calls (stages/shared.py iterate)"),
+        (
+            "decode_tokens_per_output_audio_second",
+            "none: the thinker decodes each answer's text tokens, spoken answers included "
+            "(the trace's output_tokens, engine.reference.backend)",
+        ),
     ):
         notes[f"shared.{key}"] = f"{where}: {what}"
     for d in cal.downstream:
@@ -234,7 +245,8 @@ def reference_engine(
 
 @dataclass(frozen=True)
 class StepConstants:
-    """Three costs the calibration does not measure, read from a campaign's step rows."""
+    """Three costs the calibration does not measure, read from a campaign's step rows (and,
+    with `line`, the prefill call's line: its fixed cost and a scale on the per-token cost)."""
 
     prefill_call_s: float
     boost_prefill_excess: float
@@ -242,6 +254,8 @@ class StepConstants:
     call_steps: int  # single-prompt prefills co-running at the cap of a partition
     boost_steps: int  # single-prompt prefills boosted above the cap
     mps_steps: int  # decode steps co-running under MPS (an MPS system's items)
+    prefill_token_scale: float = 1.0  # × prefill_token_s (the line's slope; 1: not measured)
+    line_steps: int = 0  # single-prompt prefills behind the line (0: not measured)
 
 
 def campaign_steps(campaign: Campaign, keys: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -250,7 +264,7 @@ def campaign_steps(campaign: Campaign, keys: Iterable[str]) -> list[tuple[str, d
 
 
 def step_constants(
-    cal: PipelineCalibration, steps: Iterable[tuple[str, dict[str, Any]]]
+    cal: PipelineCalibration, steps: Iterable[tuple[str, dict[str, Any]]], line: bool = False
 ) -> StepConstants:
     """`prefill_call_s`, `boost_prefill_excess` and `mps_decode_rows_frac` from engine step
     traces (`campaign_steps`: each system's {"columns", "rows"}; the simulator's own with
@@ -260,6 +274,10 @@ def step_constants(
 
       call:  median over single-prompt prefills co-running on a partition at the step's
              cap s — prefill_s / corun_prefill_factor(s) − prefill_token_s(s) · padded;
+      line:  (with `line`, in place of call) the prefill call's line, call + scale ·
+             prefill_token_s(s) · padded, over every single-prompt prefill co-running
+             unboosted and not time-sliced (`prefill_line`): both the fixed cost and the
+             per-token slope from the campaign's own prompts;
       boost: median over single-prompt prefills above the cap, over the downstream's SMs —
              (prefill_s / (call + prefill_token_s(S_aggr) · padded) − 1) / (MPS factor − 1),
              clipped to [0, 1];
@@ -301,8 +319,13 @@ def step_constants(
             elif ps > s:
                 boosted.append((y, ps, n))
     call = max(0.0, statistics.median(calls)) if calls else sh.prefill_call_s
+    scale, line_steps = 1.0, 0
+    if line:
+        fitted = prefill_line(cal, steps)
+        if fitted is not None:
+            call, scale, line_steps = fitted
     excess = [
-        (y / (call + sh.prefill_token_s.at(ps) * n) - 1) / (mps - 1) if mps > 1 else 1.0
+        (y / (call + scale * sh.prefill_token_s.at(ps) * n) - 1) / (mps - 1) if mps > 1 else 1.0
         for y, ps, n in boosted
     ]
     boost = (
@@ -320,17 +343,102 @@ def step_constants(
         len(calls),
         len(boosted),
         sum(len(v) for v in by_rows.values()),
+        round(scale, 4),
+        line_steps,
     )
+
+
+LINE_MIN_STEPS = 5  # a (SM count, padded length) group enters the prefill line from this many
+
+
+def prefill_line(
+    cal: PipelineCalibration, steps: Iterable[tuple[str, dict[str, Any]]]
+) -> tuple[float, float, int] | None:
+    """(prefill_call_s, scale on prefill_token_s, steps) of the line the step rows show.
+
+    The entry charges a prefill call `fp · (prefill_call_s + prefill_token_s(s) · padded)`;
+    the calibration measures the per-token cost from one long prompt alone (2048 tokens), so
+    a fixed cost per call lands in the slope. A campaign's prompts are short (most pad to
+    32-768 tokens) and show both. Rows: single-prompt prefills while the downstream runs,
+    at the shared stage's own SMs (not boosted), not time-sliced (the co-run factor there is
+    the fitted `shared_full`; under MPS and on a partition it is within ~15 % of 1). Each row
+    is divided by the co-run factor the simulator charges it (`SharedCost.corun_factors`: the
+    partition's at its cap, the MPS share at S_tot for OPEN, LIFTED and the MPS systems'
+    uncapped steps); the medians per (SM count, padded length) are fitted to
+    call + scale · prefill_token_s(s) · padded by least squares, each weighted by its rows.
+    None where fewer than two padded lengths qualify."""
+    sh = cal.shared
+    buckets = sorted(sh.prefill_buckets or [])
+    cost = SharedCost(cal)
+    groups: dict[tuple[int, int], list[float]] = {}
+    for system, member in steps:
+        uncapped = get_system(system).uncapped_sharing
+        ix = {c: i for i, c in enumerate(member["columns"])}
+        for r in member["rows"]:
+            if not r[ix["downstream_active"]] or r[ix["prefill_batch"]] != 1:
+                continue
+            s, level = r[ix["shared_sms"]], r[ix["level"]]
+            if r[ix["prefill_sms"]] != s:
+                continue
+            if partitioned(level):
+                sharing = Sharing.PARTITION
+            elif level == UNCAPPED:
+                sharing = uncapped
+            elif level in (LIFTED, OPEN):
+                sharing = Sharing.MPS
+            else:  # AGGRESSIVE: nothing co-runs by the controller's reading
+                continue
+            if sharing is Sharing.TIMESLICE:
+                continue
+            n = r[ix["prefill_tokens"]]
+            n = next((b for b in buckets if b >= n), n)
+            fp = cost.corun_factors(s, sharing)[1]
+            groups.setdefault((s, n), []).append(r[ix["prefill_s"]] / fp)
+    pts = [
+        (sh.prefill_token_s.at(s) * n, statistics.median(v), len(v))
+        for (s, n), v in groups.items()
+        if len(v) >= LINE_MIN_STEPS
+    ]
+    if len({round(x, 9) for x, _y, _w in pts}) < 2:
+        return None
+    w = sum(c for _x, _y, c in pts)
+    mx = sum(c * x for x, _y, c in pts) / w
+    my = sum(c * y for _x, y, c in pts) / w
+    sxx = sum(c * (x - mx) ** 2 for x, _y, c in pts)
+    sxy = sum(c * (x - mx) * (y - my) for x, y, c in pts)
+    scale = max(0.05, sxy / sxx)
+    call = max(0.0, my - scale * mx)
+    return call, scale, sum(c for _x, _y, c in pts)
 
 
 def with_step_constants(
     cal: PipelineCalibration, k: StepConstants, where: str
 ) -> PipelineCalibration:
     """`cal` with the step-row constants `k` (`step_constants`), their provenance in notes."""
+    call_note = (
+        f"measured: {where} step rows, median over {k.call_steps} "
+        "single-prompt prefills co-running at a partition's cap (sim.fit.step_constants)"
+    )
+    shared_update: dict[str, Any] = {"prefill_call_s": k.prefill_call_s}
+    line_notes: dict[str, str] = {}
+    if k.line_steps:
+        call_note = (
+            f"measured: {where} step rows, the fixed cost of the prefill line over "
+            f"{k.line_steps} single-prompt prefills co-running (sim.fit.prefill_line)"
+        )
+        tok = cal.shared.prefill_token_s
+        shared_update["prefill_token_s"] = tok.model_copy(
+            update={"values": [round(v * k.prefill_token_scale, 12) for v in tok.values]}
+        )
+        line_notes["shared.prefill_token_s"] = (
+            f"{cal.notes.get('shared.prefill_token_s', 'calibration')}; × "
+            f"{k.prefill_token_scale}: the slope of the prefill line over {k.line_steps} "
+            f"single-prompt prefills of {where} step rows (sim.fit.prefill_line)"
+        )
     notes = {
         **cal.notes,
-        "shared.prefill_call_s": f"measured: {where} step rows, median over {k.call_steps} "
-        "single-prompt prefills co-running at a partition's cap (sim.fit.step_constants)",
+        **line_notes,
+        "shared.prefill_call_s": call_note,
         "sharing.boost_prefill_excess": f"measured: {where} step rows, median over "
         f"{k.boost_steps} boosted single-prompt prefills (sim.fit.step_constants)",
         "sharing.mps_decode_rows_frac": f"measured: {where} step rows, {k.mps_steps} decode "
@@ -342,7 +450,7 @@ def with_step_constants(
     }
     return cal.model_copy(
         update={
-            "shared": cal.shared.model_copy(update={"prefill_call_s": k.prefill_call_s}),
+            "shared": cal.shared.model_copy(update=shared_update),
             "sharing": cal.sharing.model_copy(update=sharing),
             "notes": dict(sorted(notes.items())),
         }
@@ -662,6 +770,13 @@ def add_fit_arguments(p: Any) -> None:
         help="before fitting, measure prefill_call_s and boost_prefill_excess from the fit "
         "points' step rows (`step_constants`; needs prefill_buckets, i.e. --engine reference)",
     )
+    p.add_argument(
+        "--prefill-line",
+        action="store_true",
+        help="with --step-constants: measure the prefill call's line from the fit points' "
+        "step rows (`prefill_line`: its fixed cost as prefill_call_s and its slope as a scale "
+        "on prefill_token_s) instead of the call alone",
+    )
 
 
 def _points(text: str | None, campaign: Campaign, flag: str) -> list[str]:
@@ -712,14 +827,22 @@ def run_fit(args: Any) -> int:
             f"Replayed as the reference engine ran (preset {preset!r}, deploy profile "
             f"{ran!r}: sim.fit.reference_engine) with the plan's class table. "
         )
+    if args.prefill_line and not args.step_constants:
+        raise ValueError("--prefill-line: add --step-constants (it is one of the step constants)")
     if args.step_constants:
         if not base.shared.prefill_buckets:
             raise ValueError("--step-constants: the entry pads no prefill; add --engine reference")
-        k = step_constants(base, campaign_steps(campaign, fit_items))
+        k = step_constants(base, campaign_steps(campaign, fit_items), line=args.prefill_line)
         where = f"{campaign.path} fit points {sorted({campaign.items[i].point for i in fit_items})}"
         base = with_step_constants(base, k, where)
+        line = (
+            f" (the prefill line's fixed cost; its slope prefill_token_s x "
+            f"{k.prefill_token_scale}, over {k.line_steps} prefills)"
+            if k.line_steps
+            else ""
+        )
         note += (
-            f"prefill_call_s {k.prefill_call_s} s, boost_prefill_excess "
+            f"prefill_call_s {k.prefill_call_s} s{line}, boost_prefill_excess "
             f"{k.boost_prefill_excess} and mps_decode_rows_frac {k.mps_decode_rows_frac} "
             f"measured from {where} step rows. "
         )
