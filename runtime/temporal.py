@@ -52,58 +52,63 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter, itemgetter
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.profiler import RequestSignals
 
 T = TypeVar("T")
+K = TypeVar("K", int, tuple[float, int])  # an _EntryList's key: entry ticket or (deadline, seq)
 
 # `iter_visible` with a lookup reads a long-path phase's members from the index (O(A + C log C):
 # A continuations and protected, C visible ordinary long-path prefills) instead of walking the
 # queue (O(position of the last visible)) unless C exceeds both MEMBERS_LONG_MAX and a quarter of
 # the waiting queue (a big cap shows so many that the walk is cheaper). Both yield one sequence.
 MEMBERS_LONG_MAX = 64
+# Deadline order: up to this many visible requests are sorted; more are merged lazily from the
+# index's deadline-sorted on-time list (`TemporalScheduler._by_deadline`).
+MERGE_MIN = 64
 _sig_of_entry = itemgetter(2)
 _sig_of_pair = itemgetter(1)
 _deadline_of = attrgetter("deadline", "seq")  # deadline order (C-level key)
 
 
-class _EntryList:
-    """Requests sorted by entry ticket (parallel lists): O(1) append at the tail (a new
-    entry has the largest ticket), O(log n) insert and discard elsewhere."""
+class _EntryList(Generic[K]):
+    """Requests sorted by a unique key (parallel lists): the entry ticket, or (deadline, seq)
+    for deadline order. O(1) append at the tail (a new entry has the largest ticket), O(log n)
+    search plus a C-level move to insert and discard elsewhere."""
 
     __slots__ = ("_sigs", "_tickets")
 
     def __init__(self) -> None:
-        self._tickets: list[int] = []
+        self._tickets: list[K] = []
         self._sigs: list[RequestSignals] = []
 
     def __len__(self) -> int:
         return len(self._tickets)
 
-    def append(self, ticket: int, sig: RequestSignals) -> None:
+    def append(self, ticket: K, sig: RequestSignals) -> None:
         self._tickets.append(ticket)
         self._sigs.append(sig)
 
-    def insert(self, ticket: int, sig: RequestSignals) -> None:
+    def insert(self, ticket: K, sig: RequestSignals) -> None:
         i = bisect_left(self._tickets, ticket)
         self._tickets.insert(i, ticket)
         self._sigs.insert(i, sig)
 
-    def discard(self, ticket: int) -> None:
+    def discard(self, ticket: K) -> None:
         tickets = self._tickets
         i = bisect_left(tickets, ticket)
         if i < len(tickets) and tickets[i] == ticket:
             del tickets[i]
             del self._sigs[i]
 
-    def first(self) -> tuple[int, RequestSignals] | None:
+    def first(self) -> tuple[K, RequestSignals] | None:
         return (self._tickets[0], self._sigs[0]) if self._tickets else None
 
     @property
-    def tickets(self) -> list[int]:
-        """The tickets, sorted (read only: mutate through the methods)."""
+    def tickets(self) -> list[K]:
+        """The keys, sorted (read only: mutate through the methods)."""
         return self._tickets
 
     @property
@@ -111,7 +116,7 @@ class _EntryList:
         """The requests, index for index with `tickets` (read only)."""
         return self._sigs
 
-    def snapshot(self) -> tuple[list[int], list[RequestSignals]]:
+    def snapshot(self) -> tuple[list[K], list[RequestSignals]]:
         return self._tickets[:], self._sigs[:]
 
 
@@ -165,7 +170,8 @@ class StepView:
         index = self.index
         if index is None or self.phase is not Phase.LONG:
             return None
-        return index._long_members(self.long_visible or self.late_long_visible, False)
+        members = index._long_members(self.long_visible or self.late_long_visible, False)
+        return None if members is None else list(members)
 
     def iter_visible(
         self,
@@ -319,11 +325,13 @@ class TemporalScheduler:
         "_long_waiting",
         "_n",
         "_rotation",
+        "_short_dl",
         "_short_late",
         "_short_on",
         "_short_protected",
         "_short_waiting",
         "_shown",
+        "_shown_dl",
         "_step",
         "_tickets",
     )
@@ -368,12 +376,20 @@ class TemporalScheduler:
         self._entry: dict[RequestSignals, int] = {}
         self._tickets = itertools.count()
         # Waiting requests visible in every phase (continuations, protected), by entry.
-        self._shown = _EntryList()
+        self._shown: _EntryList[int] = _EntryList()
+        self._shown_dl: _EntryList[tuple[float, int]] | None = (
+            _EntryList() if deadline_order else None
+        )  # in deadline order, the same again by (deadline, seq)
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
         # … the unprotected ones, on time and late, each as (tickets, sigs) in entry order.
-        self._short_on = _EntryList()
-        self._short_late = _EntryList()
+        self._short_on: _EntryList[int] = _EntryList()
+        self._short_late: _EntryList[int] = _EntryList()
+        # In deadline order, the on-time ones again by (deadline, seq): the view reads them in
+        # that order without sorting the queue each step. Same members as `_short_on`.
+        self._short_dl: _EntryList[tuple[float, int]] | None = (
+            _EntryList() if deadline_order else None
+        )
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
 
@@ -386,7 +402,7 @@ class TemporalScheduler:
         self._entry[sig] = entry = next(self._tickets)
         if sig.prefilled:
             self._continuations += 1  # always visible, not part of the rotation's counts
-            self._shown.append(entry, sig)  # the newest entry: sorted order holds
+            self._show(entry, sig)  # the newest entry: sorted order holds
             return
         sig.late = not self._keep_late and now > sig.deadline
         sig.protected = not sig.late and sig.is_protected(now)
@@ -398,10 +414,12 @@ class TemporalScheduler:
             self._short_waiting += 1
             if sig.protected:
                 self._short_protected += 1
+            elif sig.late:
+                self._short_late.append(entry, sig)
             else:
-                (self._short_late if sig.late else self._short_on).append(entry, sig)
+                self._short_on_add(entry, sig)
         if sig.protected:
-            self._shown.append(entry, sig)
+            self._show(entry, sig)
             self._watch_expiry(sig)
         elif not sig.late:
             heapq.heappush(self._heap, (sig.protect_at, sig.seq, sig))
@@ -414,10 +432,10 @@ class TemporalScheduler:
         entry = self._entry.pop(sig, -1)
         if sig.prefilled:
             self._continuations -= 1
-            self._unshow(entry)
+            self._unshow(entry, sig)
             return
         if sig.protected:
-            self._unshow(entry)
+            self._unshow(entry, sig)
         if sig.long_path:
             self._long_waiting -= 1
             if not sig.protected:
@@ -426,10 +444,22 @@ class TemporalScheduler:
             self._short_waiting -= 1
             if sig.protected:
                 self._short_protected -= 1
+            elif sig.late:
+                self._short_late.discard(entry)
             else:
-                (self._short_late if sig.late else self._short_on).discard(entry)
+                self._short_on_drop(entry, sig)
         sig.protected = False  # heap entries become stale and are skipped when popped
         sig.late = False
+
+    def _short_on_add(self, entry: int, sig: RequestSignals) -> None:
+        self._short_on.append(entry, sig)
+        if self._short_dl is not None:
+            self._short_dl.insert((sig.deadline, sig.seq), sig)
+
+    def _short_on_drop(self, entry: int, sig: RequestSignals) -> None:
+        self._short_on.discard(entry)
+        if self._short_dl is not None:
+            self._short_dl.discard((sig.deadline, sig.seq))
 
     def _long_list(self, sig: RequestSignals) -> list[tuple[float, int, RequestSignals]]:
         """The sorted list an unprotected long-path prefill belongs to (by `sig.late`)."""
@@ -441,12 +471,16 @@ class TemporalScheduler:
         if i < len(lst) and lst[i][2] is sig:
             del lst[i]
 
-    def _show(self, sig: RequestSignals) -> None:
-        """A waiting request became visible in every phase (protected)."""
-        self._shown.insert(self._entry[sig], sig)
+    def _show(self, entry: int, sig: RequestSignals) -> None:
+        """A waiting request is visible in every phase (a continuation, or protected)."""
+        self._shown.insert(entry, sig)  # an append when `entry` is the newest
+        if self._shown_dl is not None:
+            self._shown_dl.insert((sig.deadline, sig.seq), sig)
 
-    def _unshow(self, entry: int) -> None:
+    def _unshow(self, entry: int, sig: RequestSignals) -> None:
         self._shown.discard(entry)
+        if self._shown_dl is not None:
+            self._shown_dl.discard((sig.deadline, sig.seq))
 
     # -- per step ----------------------------------------------------------------------------
     def _watch_expiry(self, sig: RequestSignals) -> None:
@@ -467,8 +501,8 @@ class TemporalScheduler:
                 self._drop_long(sig)
             else:
                 self._short_protected += 1
-                self._short_on.discard(self._entry[sig])
-            self._show(sig)
+                self._short_on_drop(self._entry[sig], sig)
+            self._show(self._entry[sig], sig)
             self._watch_expiry(sig)
         expiry = self._expiry
         while expiry and expiry[0][0] < now:
@@ -483,13 +517,13 @@ class TemporalScheduler:
         entry = self._entry[sig]
         if was_protected:
             sig.protected = False
-            self._unshow(entry)
+            self._unshow(entry, sig)
             if not sig.long_path:
                 self._short_protected -= 1
         elif sig.long_path:
             self._drop_long(sig)  # from the on-time list
         else:
-            self._short_on.discard(entry)
+            self._short_on_drop(entry, sig)
         sig.late = True
         if sig.long_path:
             insort(self._long_late, (sig.deadline, sig.seq, sig))
@@ -567,11 +601,12 @@ class TemporalScheduler:
             short_on_time=dl,
         )  # fmt: skip
 
-    def _long_members(self, long_visible: bool, gate: bool) -> list[RequestSignals] | None:
+    def _long_members(self, long_visible: bool, gate: bool) -> Iterable[RequestSignals] | None:
         """A long-path phase's visible set in entry order: the shown requests (in entry order)
         with the capped ordinary long-path prefills merged in (late ones after every on-time
-        one, with `late_yield`). gate: None where walking the queue is cheaper (see
-        MEMBERS_LONG_MAX). `long_visible`: the view shows ordinary long-path prefills."""
+        one, with `late_yield`); in deadline order, `_long_members_by_deadline`. gate: None
+        where walking the queue is cheaper (see MEMBERS_LONG_MAX). `long_visible`: the view
+        shows ordinary long-path prefills."""
         on_time, late = self._long_ordinary, self._long_late
         cap = self._cap
         if gate and cap > MEMBERS_LONG_MAX:
@@ -599,24 +634,40 @@ class TemporalScheduler:
         members.extend(tail)
         return members
 
-    def _long_members_by_deadline(self, long_visible: bool) -> list[RequestSignals]:
+    def _long_members_by_deadline(self, long_visible: bool) -> Iterator[RequestSignals]:
         """`_long_members` in deadline order: the shown requests, the on-time short-path
         prefills and the capped on-time long-path prefills by deadline; with `late_yield` the
         capped late ones follow in entry order. Without it the cap takes the earliest deadlines
-        over both lists (late first), all in one deadline order."""
+        over both lists (late first), all in one deadline order. Lazy (`_by_deadline`)."""
         on_time, late, cap = self._long_ordinary, self._long_late, self._cap
-        members = self._shown.sigs + self._short_on.sigs
+        capped: list[RequestSignals] = []
         tail: list[RequestSignals] = []
         if long_visible and cap:
             if self._late_last:
-                members += map(_sig_of_entry, on_time[:cap])
-                tail = self._first_by_entry(late, cap - min(cap, len(on_time)))
+                capped = list(map(_sig_of_entry, on_time[:cap]))
+                tail = self._first_by_entry(late, cap - len(capped))
             else:
-                members += map(_sig_of_entry, (late[:cap] + on_time[:cap])[:cap])
-        members.sort(key=_deadline_of)
-        if tail:
-            members += tail
-        return members
+                capped = list(map(_sig_of_entry, (late[:cap] + on_time[:cap])[:cap]))
+        members = self._by_deadline(capped)
+        return itertools.chain(members, tail) if tail else members
+
+    def _by_deadline(self, extra: list[RequestSignals] | None = None) -> Iterator[RequestSignals]:
+        """The shown requests and the on-time short-path prefills in deadline order (copies of
+        `_shown_dl` and `_short_dl`), with the `extra` requests (a few capped ones, sorted
+        here) merged in. The merge is lazy: a caller that stops after k requests pays O(k log)
+        above the copies."""
+        assert self._shown_dl is not None and self._short_dl is not None
+        shown, on = self._shown_dl.sigs[:], self._short_dl.sigs[:]
+        runs = [r for r in (shown, on, extra) if r]
+        if len(runs) < 2:
+            return iter(runs[0] if runs else ())
+        if sum(map(len, runs)) <= MERGE_MIN:  # a short list sorts faster than a merge starts
+            members = list(itertools.chain.from_iterable(runs))
+            members.sort(key=_deadline_of)
+            return iter(members)
+        if extra:
+            runs[-1] = sorted(extra, key=_deadline_of)
+        return heapq.merge(*runs, key=_deadline_of)
 
     def _short_members(self) -> Iterator[RequestSignals]:
         """A short-path phase's visible set in view order: the shown requests and the on-time
@@ -624,16 +675,14 @@ class TemporalScheduler:
         snapshots (C-level copies; the late ones' taken when the walk reaches them), so the
         caller may dequeue what it takes while it iterates; the merge is lazy, so a caller
         that stops after k requests pays O(k) above the copies. In deadline order
-        (`deadline_order`) the shown and on-time ones are sorted by deadline (a sort of a few
-        entry-ordered runs, one per class); without `late_yield` the late ones join that sort."""
+        (`deadline_order`) the shown and on-time ones merge by deadline (`_by_deadline`);
+        without `late_yield` the late ones join that merge."""
         if self._dl:
-            members = self._shown.sigs + self._short_on.sigs
-            if not self._late_last:
-                members += self._short_late.sigs
-            members.sort(key=_deadline_of)
-            yield from members
             if self._late_last:
+                yield from self._by_deadline()
                 yield from self._short_late.snapshot()[1]
+            else:
+                yield from self._by_deadline(self._short_late.sigs)
             return
         on_tickets, on = self._short_on.snapshot()
         if not self._shown:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from horizonserve.runtime import temporal
 from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.profiler import RequestProfiler, RequestSignals
 from horizonserve.runtime.temporal import (
@@ -167,6 +169,20 @@ queue_ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
+def take_batch(q, view: StepView, batch: int) -> list[RequestSignals]:  # type: ignore[no-untyped-def]
+    """Take up to `batch` visible requests the way the simulator does: each leaves the index as
+    it is taken (while the view is being iterated), the queue after the iteration."""
+    taken: list[RequestSignals] = []
+    for sig in view.iter_visible(q.items, _ident, _ident):
+        if len(taken) == batch:
+            break
+        taken.append(sig)
+        q.sched.remove(sig)
+    for sig in taken:
+        q.items.remove(sig)
+    return taken
+
+
 @given(
     ops=queue_ops,
     cap=st.integers(min_value=0, max_value=4),
@@ -202,17 +218,7 @@ def test_long_phase_members_equal_the_walk(
             members = view.members()
             assert members == expected if view.phase is Phase.LONG else members is None
             assert list(view.iter_visible(q.items, _ident, _ident)) == expected
-            # Take a batch the way the simulator does: each request leaves the index as it is
-            # taken, the queue after the iteration.
-            taken = []
-            for sig in view.iter_visible(q.items, _ident, _ident):
-                if len(taken) == batch:
-                    break
-                taken.append(sig)
-                q.sched.remove(sig)
-            assert taken == expected[:batch]
-            for sig in taken:
-                q.items.remove(sig)
+            assert take_batch(q, view, batch) == expected[:batch]
 
 
 def test_long_phase_members_follow_protection() -> None:
@@ -465,12 +471,28 @@ def dl_oracle(
     batch=st.integers(min_value=0, max_value=4),
     late_yield=st.booleans(),
     rotation_off=st.booleans(),
+    lazy=st.booleans(),
 )
 def test_deadline_order_view(
-    ops: list, cap: int, keep_late: bool, batch: int, late_yield: bool, rotation_off: bool
+    ops: list,
+    cap: int,
+    keep_late: bool,
+    batch: int,
+    late_yield: bool,
+    rotation_off: bool,
+    lazy: bool,
 ) -> None:
     """Deadline order: the index's sequence (lookup), the queue walk and the split agree with
-    the definitions, also when the caller dequeues what it takes while it iterates."""
+    the definitions, also when the caller dequeues what it takes while it iterates. `lazy`:
+    the index merges its deadline-sorted lists at every size (MERGE_MIN 0) instead of sorting
+    the short ones."""
+    with mock.patch.object(temporal, "MERGE_MIN", 0 if lazy else temporal.MERGE_MIN):
+        _check_deadline_order_view(ops, cap, keep_late, batch, late_yield, rotation_off)
+
+
+def _check_deadline_order_view(
+    ops: list, cap: int, keep_late: bool, batch: int, late_yield: bool, rotation_off: bool
+) -> None:
     control = ControlParams(
         long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
     )
@@ -500,15 +522,7 @@ def test_deadline_order_view(
             assert list(view.iter_visible(q.items, _ident, _ident)) == expected
             if view.phase is Phase.LONG:
                 assert view.members() == expected
-            taken = []
-            for sig in view.iter_visible(q.items, _ident, _ident):
-                if len(taken) == batch:
-                    break
-                taken.append(sig)
-                q.sched.remove(sig)
-            assert taken == expected[:batch]
-            for sig in taken:
-                q.items.remove(sig)
+            assert take_batch(q, view, batch) == expected[:batch]
 
 
 def test_deadline_order_puts_tight_text_before_a_loose_prompt_that_came_first() -> None:
