@@ -105,9 +105,10 @@ def main() -> None:
             if not ok:
                 failures.append(f"{p}/{v}")
             print(f"| {v} | " + " | ".join(cells) + f" | {verdict} |")
+    opt_in = f"; opt-in rows ({', '.join(OPT_IN)}): with it − as shipped" if OPT_IN else ""
     print(
         "\ncells: mean of (with the mechanism − without) over seeds, pp ± the seed-to-seed spread"
-        " of that difference; opt-in rows (" + ", ".join(OPT_IN) + "): with it − as shipped"
+        " of that difference" + opt_in
     )
     print("failing:", ", ".join(failures) or "none")
 

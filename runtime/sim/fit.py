@@ -292,10 +292,6 @@ def step_constants(
     mps = sharing.mps_shared_factor(sh.corun_prefill_factor.at(total))
     mps_d = sharing.mps_shared_factor(sh.corun_decode_factor.at(total))
     cost = SharedCost(cal)
-
-    def padded(tokens: int) -> int:
-        return next((b for b in buckets if b >= tokens), tokens)
-
     calls: list[float] = []
     boosted: list[tuple[float, int, int]] = []
     by_rows: dict[int, list[float]] = {}
@@ -313,7 +309,7 @@ def step_constants(
             if r[ix["prefill_batch"]] != 1 or not partitioned(level):
                 continue
             ps, y = r[ix["prefill_sms"]], r[ix["prefill_s"]]
-            n = padded(r[ix["prefill_tokens"]])
+            n = _padded(buckets, r[ix["prefill_tokens"]])
             if ps == s:
                 calls.append(y / sh.corun_prefill_factor.at(s) - sh.prefill_token_s.at(s) * n)
             elif ps > s:
@@ -346,6 +342,11 @@ def step_constants(
         round(scale, 4),
         line_steps,
     )
+
+
+def _padded(buckets: list[int], tokens: int) -> int:
+    """The prompt length a prefill pads to (the first bucket that holds it; sorted buckets)."""
+    return next((b for b in buckets if b >= tokens), tokens)
 
 
 LINE_MIN_STEPS = 5  # a (SM count, padded length) group enters the prefill line from this many
@@ -390,8 +391,7 @@ def prefill_line(
                 continue
             if sharing is Sharing.TIMESLICE:
                 continue
-            n = r[ix["prefill_tokens"]]
-            n = next((b for b in buckets if b >= n), n)
+            n = _padded(buckets, r[ix["prefill_tokens"]])
             fp = cost.corun_factors(s, sharing)[1]
             groups.setdefault((s, n), []).append(r[ix["prefill_s"]] / fp)
     pts = [
