@@ -427,6 +427,12 @@ def unrecorded_control(plan: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k not in recorded}
 
 
+def run_control(plan: dict[str, Any]) -> dict[str, Any]:
+    """Every control knob HorizonServe runs `plan` with today: the plan's, and the defaults
+    of knobs newer than it."""
+    return {**plan["serving_config"].get("control", {}), **unrecorded_control(plan)}
+
+
 class Campaign:
     def __init__(self, args: argparse.Namespace, plan: dict[str, Any]) -> None:
         self.args = args
@@ -447,6 +453,9 @@ class Campaign:
             "skipped": [],
             "control_defaults": unrecorded_control(plan),
         }
+        # Every knob HorizonServe's items run with: the report counts an item only beside
+        # others of the same controller.
+        self.summary["control"] = run_control(plan)
         if self.summary["control_defaults"]:
             log.warning(
                 "the plan records no %s: today's defaults run (%s); write a new plan to record "

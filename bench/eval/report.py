@@ -13,6 +13,7 @@ fig11_ablation.png, table3_tpot.png, sim_vs_measured.png.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -24,6 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
 from reuse import load_plan, read_members
+
+from horizonserve.runtime.calibrate.records import plan_bytes
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -42,21 +45,59 @@ COLORS = {
 
 
 # -- loading ----------------------------------------------------------------------------------
+def _plans(run: Path) -> dict[str, dict[str, Any]]:
+    """The plans whose sessions this run reads, by digest: RUN/plan.json and any RUN/plan-*
+    (a link to another plan whose HorizonServe items may count, when they ran the same
+    controller)."""
+    paths = [run / "plan.json", *sorted(run.glob("plan-*.json*"))]
+    return {hashlib.sha256(plan_bytes(p)).hexdigest(): load_plan(p) for p in paths}
+
+
+def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The control knobs a session's HorizonServe items ran with: as its summary records them,
+    or (sessions older than that record) its plan's and the defaults of knobs newer than the
+    plan (`control_defaults`); None when neither is known here."""
+    if "control" in summary:
+        return summary["control"]
+    if plan is None:
+        return None
+    return {
+        **plan["serving_config"].get("control", {}),
+        **summary.get("control_defaults", {}),
+    }
+
+
 def load_run(run: Path) -> dict[str, Any]:
-    plan = load_plan(run / "plan.json")
+    plans = _plans(run)
+    plan_sha = next(iter(plans))
+    plan = plans[plan_sha]
+    policy = {i["id"]: i["policy"] for i in plan["items"]}
     items: dict[str, dict[str, Any]] = {}
     superseded: list[str] = []  # items run again (--redo): the later run counts
-    sessions = []
-    for sdir in sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith("s")):
-        if not (sdir / "summary.json").exists():
-            continue
-        summary = json.loads((sdir / "summary.json").read_text())
-        sessions.append({"name": sdir.name, "summary": summary})
+    # A HorizonServe item of another controller than this run's (the plan's knobs and the
+    # defaults its first session recorded for newer ones) is left out and listed; one whose
+    # controller is unknown here (an older session of a plan not linked) counts. A baseline's
+    # item carries over: control touches HorizonServe only.
+    sessions = [
+        {"name": d.name, "dir": d, "summary": json.loads((d / "summary.json").read_text())}
+        for d in sorted(p for p in run.iterdir() if p.is_dir() and p.name.startswith("s"))
+        if (d / "summary.json").exists()
+    ]
+    own = [x["summary"] for x in sessions if x["summary"].get("plan_sha256") == plan_sha]
+    newer = own[0].get("control_defaults", {}) if own else {}
+    controller = _controller(plan, {"control_defaults": newer})
+    foreign: list[str] = []
+    for session in sessions:
+        sdir, summary = session.pop("dir"), session["summary"]
         recs = {m["item"]: m["records"] for m in read_members(sdir / "records.jsonl.gz")}
         steps = {m["item"]: m for m in read_members(sdir / "steps.jsonl.gz")}
         redo = set(summary.get("redo", ()))
+        ran = _controller(plans.get(summary.get("plan_sha256", "")), summary)
         for item_id, s in summary.get("items", {}).items():
             if s.get("status") != "ok" or item_id not in recs:
+                continue
+            if policy.get(item_id) == "horizon" and ran is not None and ran != controller:
+                foreign.append(f"{item_id} ({sdir.name})")
                 continue
             if item_id in items:
                 if item_id not in redo:
@@ -82,6 +123,8 @@ def load_run(run: Path) -> dict[str, Any]:
         "plan": plan,
         "items": items,
         "superseded": superseded,
+        "foreign": foreign,
+        "control_newer": newer,
         "sessions": sessions,
         "sims": sims,
         "overhead": overhead,
@@ -386,6 +429,20 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
             for s in data["sessions"]
         ),
         "",
+    ]
+    if data["control_newer"]:
+        lines += [
+            "HorizonServe ran with knobs newer than the plan at: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(data["control_newer"].items())),
+            "",
+        ]
+    if data["foreign"]:
+        lines += [
+            "Left out (HorizonServe items of another plan or other knobs): "
+            + ", ".join(data["foreign"]),
+            "",
+        ]
+    lines += [
         "## Attainment per point and system (Figure 8)",
         "",
         "Steady state: arrivals after the first "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from horizonserve.runtime.config import ControlParams
 from tests.bench.scripts import load_eval_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +61,9 @@ def test_a_knob_newer_than_the_plan_is_named_with_the_value_it_runs(tmp_path: Pa
     assert campaign.unrecorded_control(plan) == {}
     del plan["serving_config"]["control"]["deadline_order"]
     assert campaign.unrecorded_control(plan) == {"deadline_order": True}
+    # The summary records the whole controller, the newer knob at the value it ran.
+    ran = campaign.run_control(plan)
+    assert ran["deadline_order"] is True and set(ran) == set(ControlParams().model_dump())
 
 
 def test_a_plan_written_gzipped_reads_back_the_same(tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+"""bench/eval/report.py counts a HorizonServe item only beside others of the same controller."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.bench.scripts import load_eval_script
+
+ITEMS = ["r1/horizon/rep1", "r1/horizon/rep2", "r1/edf-mps/rep1"]
+
+
+def _plan(path: Path, control: dict[str, Any]) -> str:
+    plan = {
+        "serving_config": {"control": control},
+        "items": [{"id": i, "policy": i.split("/")[1].split("-")[0]} for i in ITEMS],
+    }
+    text = (json.dumps(plan, separators=(",", ":")) + "\n").encode()
+    path.write_bytes(gzip.compress(text))
+    return hashlib.sha256(text).hexdigest()
+
+
+def _session(run: Path, name: str, summary: dict[str, Any], items: list[str]) -> None:
+    d = run / name
+    d.mkdir()
+    summary["items"] = {i: {"status": "ok"} for i in items}
+    (d / "summary.json").write_text(json.dumps(summary))
+    members = b"".join(
+        gzip.compress(json.dumps({"item": i, "records": [{"id": i}]}).encode() + b"\n")
+        for i in items
+    )
+    (d / "records.jsonl.gz").write_bytes(members)
+
+
+def test_other_controllers_items_are_left_out_and_baselines_carry_over(tmp_path: Path) -> None:
+    ours = _plan(tmp_path / "plan.json.gz", {"deadline_order": True})
+    older = _plan(tmp_path / "plan-older.json.gz", {"deadline_order": False})
+    _session(tmp_path, "s00", {"plan_sha256": ours}, ["r1/horizon/rep1"])
+    # Another plan's controller: its HorizonServe item is left out, its baseline counts.
+    _session(tmp_path, "s01", {"plan_sha256": older}, ["r1/horizon/rep2", "r1/edf-mps/rep1"])
+    data = load_eval_script("report").load_run(tmp_path)
+    assert sorted(data["items"]) == ["r1/edf-mps/rep1", "r1/horizon/rep1"]
+    assert data["foreign"] == ["r1/horizon/rep2 (s01)"]
+
+
+def test_the_controller_a_session_records_decides_and_unknown_ones_count(tmp_path: Path) -> None:
+    def run(name: str, second: dict[str, Any]) -> dict[str, Any]:
+        d = tmp_path / name
+        d.mkdir()
+        ours = _plan(d / "plan.json.gz", {"place_admission": True})
+        # A knob newer than the plan ran at today's default; the plan's first session says so.
+        first = {"plan_sha256": ours, "control_defaults": {"deadline_order": True}}
+        _session(d, "s00", first, ["r1/horizon/rep1"])
+        _session(d, "s01", {"plan_sha256": "f" * 64, **second}, ["r1/horizon/rep2"])
+        return load_eval_script("report").load_run(d)
+
+    same = run("same", {"control": {"place_admission": True, "deadline_order": True}})
+    assert sorted(same["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
+    assert same["control_newer"] == {"deadline_order": True} and same["foreign"] == []
+    other = run("other", {"control": {"place_admission": True, "deadline_order": False}})
+    assert sorted(other["items"]) == ["r1/horizon/rep1"]
+    assert other["foreign"] == ["r1/horizon/rep2 (s01)"]
+    # An older session of a plan not linked here, recording no controller, still counts.
+    unknown = run("unknown", {})
+    assert sorted(unknown["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
