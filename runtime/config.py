@@ -282,7 +282,9 @@ class ControlParams(_Model):
     late_yield: bool = Field(
         True,
         description="A waiting prefill past its deadline follows every on-time one in the "
-        "shared stage's queue, and the long-path cap goes to on-time prefills first. Late "
+        "shared stage's queue, the long-path cap goes to on-time prefills first, and a "
+        "short-path phase whose ordinary prefills are all late yields to on-time long-path "
+        "ones. Late "
         "requests still fill what the on-time ones leave (nothing is dropped); under overload "
         "the stage stops spending itself on requests already lost. Ignored with "
         "protect_past_deadline.",

@@ -16,8 +16,9 @@ Visibility rules for one step (hidden requests stay in the queue, untouched):
 A phase whose path has no ordinary prefill waiting yields to the other path (work conserving).
 
 Late prefills yield (`late_yield`, HorizonServe's policies): a waiting prefill past its deadline
-has missed its SLO, so the view puts every visible late one after the on-time ones, and the
-long-path cap goes to on-time prefills first. Late requests still fill whatever the on-time
+has missed its SLO, so the view puts every visible late one after the on-time ones, the
+long-path cap goes to on-time prefills first, and a short-path phase whose ordinary prefills are
+all late yields to on-time long-path ones. Late requests still fill whatever the on-time
 ones leave, so nothing is dropped; but under overload the stage stops spending itself on
 requests that are already lost, which otherwise makes every request behind them late too.
 
@@ -554,6 +555,10 @@ class TemporalScheduler:
         phase = Phase.SHORT if self._cycle_pos < n else Phase.LONG
         self._cycle_pos = (self._cycle_pos + 1) % (n + control.rotation_m)
         short_ordinary = self._short_waiting - self._short_protected
+        if late_last and on_time:
+            # Late short-path prefills have missed their SLO: they do not hold a short-path
+            # phase against on-time long-path ones (they still fill what the view leaves).
+            short_ordinary -= len(self._short_late)
         if phase is Phase.SHORT and short_ordinary == 0 and long_n:
             phase = Phase.LONG
         elif phase is Phase.LONG and long_n == 0:
