@@ -282,12 +282,17 @@ class ControlParams(_Model):
     late_yield: bool = Field(
         True,
         description="A waiting prefill past its deadline follows every on-time one in the "
-        "shared stage's queue, the long-path cap goes to on-time prefills first, and a "
-        "short-path phase whose ordinary prefills are all late yields to on-time long-path "
-        "ones. Late "
+        "shared stage's queue, and the long-path cap goes to on-time prefills first. Late "
         "requests still fill what the on-time ones leave (nothing is dropped); under overload "
         "the stage stops spending itself on requests already lost. Ignored with "
         "protect_past_deadline.",
+    )
+    late_phase_yield: bool = Field(
+        True,
+        description="With late_yield, a short-path phase whose ordinary prefills are all late "
+        "yields to the on-time long-path ones: past capacity, text that already missed its "
+        "SLO does not hold the shared stage while speech or image prompts that can still "
+        "make theirs wait until they are late too.",
     )
     deadline_order: bool = Field(
         True,
@@ -383,6 +388,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "reservation_pays": True,
     "shared_hold_s": 0.0,
     "late_yield": False,
+    "late_phase_yield": False,
     "place_admission": False,
     "deadline_order": False,
 }

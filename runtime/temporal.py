@@ -16,11 +16,12 @@ Visibility rules for one step (hidden requests stay in the queue, untouched):
 A phase whose path has no ordinary prefill waiting yields to the other path (work conserving).
 
 Late prefills yield (`late_yield`, HorizonServe's policies): a waiting prefill past its deadline
-has missed its SLO, so the view puts every visible late one after the on-time ones, the
-long-path cap goes to on-time prefills first, and a short-path phase whose ordinary prefills are
-all late yields to on-time long-path ones. Late requests still fill whatever the on-time
-ones leave, so nothing is dropped; but under overload the stage stops spending itself on
-requests that are already lost, which otherwise makes every request behind them late too.
+has missed its SLO, so the view puts every visible late one after the on-time ones, and the
+long-path cap goes to on-time prefills first; with `late_phase_yield` a short-path phase whose
+ordinary prefills are all late yields to on-time long-path ones. Late requests still fill
+whatever the on-time ones leave, so nothing is dropped; but under overload the stage stops
+spending itself on requests that are already lost, which otherwise makes every request behind
+them late too.
 
 Deadline order (`deadline_order`, HorizonServe's policies): the view shows its on-time requests
 in deadline order instead of entry order (late ones after them, in entry order, with
@@ -325,6 +326,7 @@ class TemporalScheduler:
         "_long_ordinary",
         "_long_waiting",
         "_n",
+        "_phase_yield",
         "_rotation",
         "_short_dl",
         "_short_late",
@@ -364,6 +366,7 @@ class TemporalScheduler:
         self._step = 0
         self._keep_late = control.protect_past_deadline
         self._late_last = late_yield and not self._keep_late
+        self._phase_yield = self._late_last and control.late_phase_yield
         # (protect_at, seq, sig) of waiting ordinary prefills; stale entries skipped lazily.
         self._heap: list[tuple[float, int, RequestSignals]] = []
         # (deadline, seq, sig) of waiting protected prefills, for expiry; stale entries skipped.
@@ -555,7 +558,7 @@ class TemporalScheduler:
         phase = Phase.SHORT if self._cycle_pos < n else Phase.LONG
         self._cycle_pos = (self._cycle_pos + 1) % (n + control.rotation_m)
         short_ordinary = self._short_waiting - self._short_protected
-        if late_last and on_time:
+        if self._phase_yield and on_time:
             # Late short-path prefills have missed their SLO: they do not hold a short-path
             # phase against on-time long-path ones (they still fill what the view leaves).
             short_ordinary -= len(self._short_late)

@@ -38,6 +38,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "preemption": ("horizon-no-preemption", {}),
     "path rotation": ("horizon-no-rotation", {}),
     "late yield": ("horizon", {"late_yield": False}),
+    "late phase yield": ("horizon", {"late_phase_yield": False}),
     "place admission": ("horizon", {"place_admission": False}),
     "deadline order": ("horizon", {"deadline_order": False}),
 }

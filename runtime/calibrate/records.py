@@ -4,7 +4,9 @@ A campaign directory holds `plan.json` (committed gzipped as `plan.json.gz`, see
 points: rate, long-path share, seed, duration and the request list; items: point × system ×
 repetition; the SLO table) and one folder per device session `s*/` with `summary.json` (item
 status, which items were run again) and `records.jsonl.gz`: one gzip member per item, a JSON
-line per request (class, path, arrival offset, first response, `slo_met`). An item counts from
+line per request (class, path, arrival offset, first response, `slo_met`); `steps.jsonl.gz`
+likewise holds the engine's step trace. A finished session may be compacted (`compact_members`):
+the same JSON lines, byte for byte, in one xz stream `*.jsonl.xz`. An item counts from
 the last session that ran it with status ok, where a later session replaces an earlier one only
 when it re-ran it on purpose (`redo`) — the rule of the campaign's own report. Attainment is
 recomputed from the records: every request of the item counts; one without a first response is
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import statistics
 import zlib
 from dataclasses import dataclass, field, replace
@@ -44,22 +47,53 @@ def load_plan(path: str | Path) -> dict[str, Any]:
     return json.loads(plan_bytes(path))
 
 
-def read_members(path: Path) -> list[Any]:
-    """JSON lines from a file of concatenated gzip members; a truncated last member is
-    skipped (a run cut while writing it), a missing file is empty."""
-    data = path.read_bytes() if path.exists() else b""
-    out: list[Any] = []
+def _member_bytes(path: Path, *, whole: bool = False) -> bytes:
+    """The JSON lines of a file of concatenated gzip members, decompressed; a truncated last
+    member is skipped (a run cut while writing it), or with `whole` refused."""
+    data = path.read_bytes()
+    parts: list[bytes] = []
     while data:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             text = d.decompress(data)
         except zlib.error:
-            break
+            text = b""
         if not d.eof:
+            if whole:
+                raise ValueError(f"{path}: a truncated gzip member; leave this file as it is")
             break
-        out.extend(json.loads(line) for line in text.decode().splitlines() if line.strip())
+        parts.append(text)
         data = d.unused_data
-    return out
+    return b"".join(parts)
+
+
+def read_members(path: Path) -> list[Any]:
+    """JSON lines from `path`, a file of concatenated gzip members (`_member_bytes`), or from
+    its compacted copy (`X.jsonl.gz` -> `X.jsonl.xz`, `compact_members`); missing: empty."""
+    if path.exists():
+        text = _member_bytes(path)
+    elif (xz := path.with_suffix(".xz")).exists():
+        text = lzma.decompress(xz.read_bytes())
+    else:
+        return []
+    return [json.loads(line) for line in text.decode().splitlines() if line.strip()]
+
+
+def compact_members(path: Path) -> int:
+    """Replace the gzip members at `path` (`X.jsonl.gz`) by one xz stream of the same bytes
+    (`X.jsonl.xz`, about a quarter smaller), checked before the original is removed. For a
+    finished session only: a run appends gzip members. Returns the bytes saved."""
+    text = _member_bytes(path, whole=True)
+    packed = lzma.compress(text, preset=9 | lzma.PRESET_EXTREME)
+    if lzma.decompress(packed) != text:  # pragma: no cover - lzma's own guarantee
+        raise RuntimeError(f"{path}: the xz copy does not read back the same")
+    xz = path.with_suffix(".xz")
+    tmp = xz.with_name(xz.name + ".tmp")
+    tmp.write_bytes(packed)
+    tmp.replace(xz)
+    saved = path.stat().st_size - len(packed)
+    path.unlink()
+    return saved
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.bench.scripts import load_eval_script
 
 ITEMS = ["r1/horizon/rep1", "r1/horizon/rep2", "r1/edf-mps/rep1"]
@@ -66,3 +68,24 @@ def test_the_controller_a_session_records_decides_and_unknown_ones_count(tmp_pat
     # An older session of a plan not linked here, recording no controller, still counts.
     unknown = run("unknown", {})
     assert sorted(unknown["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
+
+
+def test_a_compacted_session_reads_back_the_same(tmp_path: Path) -> None:
+    """`campaign.py compact` rewrites a finished session's gzip members as one xz stream of the
+    same bytes; every reader takes either; a truncated member is refused, not dropped."""
+    from horizonserve.runtime.calibrate.records import compact_members, read_members
+
+    _plan(tmp_path / "plan.json.gz", {})
+    _session(tmp_path, "s00", {"plan_sha256": "0" * 64}, ITEMS)
+    path = tmp_path / "s00" / "records.jsonl.gz"
+    before = read_members(path)
+    assert load_eval_script("campaign").main(["compact", str(tmp_path)]) == 0
+    assert not path.exists() and path.with_suffix(".xz").exists()
+    assert read_members(path) == before
+    assert sorted(load_eval_script("report").load_run(tmp_path)["items"]) == sorted(ITEMS)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(b'{"item": 1}\n') + gzip.compress(b'{"item": 2}\n')[:-6])
+    assert read_members(cut) == [{"item": 1}]  # a run cut while writing: the rest reads
+    with pytest.raises(ValueError, match="truncated"):
+        compact_members(cut)
+    assert cut.exists()

@@ -389,20 +389,27 @@ def test_adding_twice_is_refused() -> None:
         q.sched.add(sig, 0.0)
 
 
-def test_late_text_does_not_hold_a_short_phase_against_on_time_speech() -> None:
-    """Past capacity the text left waiting is late: with late_yield a short-path phase that has
-    only late text yields to an on-time long-path prefill; without it the text holds it."""
-    for late_yield, phase in ((True, Phase.LONG), (False, Phase.SHORT)):
-        q = make_queue(ControlParams(rotation_n_min=4, rotation_n_max=4), late_yield=late_yield)
-        text = q.add("text", 0.0)  # deadline 0.5 s
-        speech = q.add("audio-out", 1.0)  # deadline 6 s
-        view = q.sched.plan(1.0)  # the cycle's first step: a short-path phase by rotation
-        assert text.late  # past its deadline either way
-        assert view.phase is phase
-        assert view.is_visible(speech) == late_yield
-        # On-time text keeps the short-path phase either way.
-        fresh = q.add("text", 1.0)
-        assert q.sched.plan(1.001).phase is Phase.SHORT and fresh.waiting
+@pytest.mark.parametrize(
+    ("late_yield", "late_phase_yield", "phase"),
+    [(True, True, Phase.LONG), (True, False, Phase.SHORT), (False, True, Phase.SHORT)],
+)
+def test_late_text_does_not_hold_a_short_phase_against_on_time_speech(
+    late_yield: bool, late_phase_yield: bool, phase: Phase
+) -> None:
+    """Past capacity the text left waiting is late: with late_yield and late_phase_yield a
+    short-path phase that has only late text yields to an on-time long-path prefill; without
+    either the text holds it."""
+    control = ControlParams(rotation_n_min=4, rotation_n_max=4, late_phase_yield=late_phase_yield)
+    q = make_queue(control, late_yield=late_yield)
+    text = q.add("text", 0.0)  # deadline 0.5 s
+    speech = q.add("audio-out", 1.0)  # deadline 6 s
+    view = q.sched.plan(1.0)  # the cycle's first step: a short-path phase by rotation
+    assert text.late  # past its deadline either way
+    assert view.phase is phase
+    assert view.is_visible(speech) == (phase is Phase.LONG)
+    # On-time text keeps the short-path phase either way.
+    fresh = q.add("text", 1.0)
+    assert q.sched.plan(1.001).phase is Phase.SHORT and fresh.waiting
 
 
 def test_protection_ends_at_the_deadline() -> None:
