@@ -560,7 +560,7 @@ class TemporalScheduler:
         short_ordinary = self._short_waiting - self._short_protected
         if self._phase_yield and on_time:
             # Late short-path prefills have missed their SLO: they do not hold a short-path
-            # phase against on-time long-path ones (they still fill what the view leaves).
+            # phase against on-time long-path ones (they run once none of those waits).
             short_ordinary -= len(self._short_late)
         if phase is Phase.SHORT and short_ordinary == 0 and long_n:
             phase = Phase.LONG

@@ -454,10 +454,10 @@ class Campaign:
             "restarts": [],
             "skipped": [],
             "control_defaults": unrecorded_control(plan),
+            # Every knob HorizonServe's items run with: the report counts an item only beside
+            # others of the same controller.
+            "control": run_control(plan),
         }
-        # Every knob HorizonServe's items run with: the report counts an item only beside
-        # others of the same controller.
-        self.summary["control"] = run_control(plan)
         if self.summary["control_defaults"]:
             log.warning(
                 "the plan records no %s: today's defaults run (%s); write a new plan to record "
@@ -899,9 +899,9 @@ def cmd_carry(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    """Finished sessions' records and step traces to xz (`records.compact_members`): the same
+    """Committed sessions' records and step traces to xz (`records.compact_members`): the same
     bytes, about a quarter smaller; every reader takes either. A linked session is compacted
-    once, where it lives; a session that is still being written (no summary.json) is left."""
+    once, where it lives. Not for a session being run: `run` appends gzip members."""
     from horizonserve.runtime.calibrate.records import compact_members
 
     sessions = sorted(

@@ -43,7 +43,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "deadline order": ("horizon", {"deadline_order": False}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
-OPT_IN: dict[str, dict[str, Any]] = {}
+OPT_IN: dict[str, dict[str, Any]] = {"reject late": {"reject_late": True}}
 _CACHE: dict[str, tuple[SimSetup, Any]] = {}
 
 
