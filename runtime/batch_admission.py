@@ -48,19 +48,29 @@ class StepTimes:
     nearest larger one, else from the prior (the profile's solo step × b).
     """
 
-    __slots__ = ("_t", "prior_s")
+    __slots__ = ("_solo_min", "_t", "prior_s")
 
     def __init__(self, prior_s: float) -> None:
         if not prior_s > 0:
             raise ValueError(f"prior_s must be > 0 (the solo step time), got {prior_s!r}")
         self.prior_s = prior_s
         self._t: dict[int, float] = {}
+        self._solo_min: float | None = None  # the fastest single-job step measured
 
     def observe(self, batch: int, seconds: float) -> None:
         if batch < 1 or not seconds > 0:
             return  # an empty step or a clock glitch says nothing about the service time
         old = self._t.get(batch)
         self._t[batch] = seconds if old is None else old + ALPHA * (seconds - old)
+        if batch == 1 and (self._solo_min is None or seconds < self._solo_min):
+            self._solo_min = seconds
+
+    def fastest_solo(self) -> float:
+        """The fastest a job alone has stepped here (else `at(1)`): the bound for refusing a
+        job as late even alone. The EWMA follows the SMs the split grants now; a job judged by
+        it would be refused during a moment the stage is squeezed, though the split gives an
+        urgent stage its SMs back."""
+        return self.at(1) if self._solo_min is None else min(self._solo_min, self.at(1))
 
     def at(self, batch: int) -> float:
         b = max(1, batch)

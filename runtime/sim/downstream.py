@@ -283,14 +283,16 @@ class FluidStage:
         if not batch and not queue:
             return False
         step = self.cost.step_s
-        times = self.times
-        if times is None:
-            times = self.times = StepTimes(step(1, sms, shared_busy, shared_sms, sharing))
-        for b in range(1, self.max_batch + 1):  # what the engine would measure now
-            times.observe(b, step(b, sms, shared_busy, shared_sms, sharing))
         waiting = self._drain(now)
+        times = self.times
+        if times is None:  # the engine's prior: the profile's solo step of the first job
+            first = (batch or [entry[0] for entry in waiting])[0]
+            times = self.times = StepTimes(_stamp(first).downstream_s / first.work)
+        if sms > 0:  # what the engine would measure now (a stage without SMs runs no step)
+            for b in range(1, self.max_batch + 1):
+                times.observe(b, step(b, sms, shared_busy, shared_sms, sharing))
         if self.reject_late:  # refuse a waiting job late even alone (the engine's rule)
-            solo = times.at(1)
+            solo = times.fastest_solo()
             kept = []
             for entry in waiting:
                 job = entry[0]

@@ -29,6 +29,19 @@ def test_step_times_prefer_measurements_and_assume_no_batching_gain() -> None:
         StepTimes(0.0)
 
 
+def test_fastest_solo_is_the_refusal_bound() -> None:
+    """A job is refused as late only if it cannot finish even at the fastest single-job step
+    measured: the EWMA follows a squeeze the split will undo."""
+    t = StepTimes(0.05)
+    assert t.fastest_solo() == 0.05  # nothing measured: the prior
+    t.observe(1, 0.04)
+    t.observe(1, 0.20)  # a squeezed step: the EWMA rises, the bound does not
+    assert t.at(1) == pytest.approx(0.08) and t.fastest_solo() == 0.04
+    u = StepTimes(0.05)
+    u.observe(2, 0.03)  # no single-job step yet: at(1), which a larger batch bounds
+    assert u.fastest_solo() == 0.03
+
+
 def _linear(step_s: float = 1.0) -> StepTimes:
     t = StepTimes(step_s)
     for b in range(1, 9):

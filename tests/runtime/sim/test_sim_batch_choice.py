@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -210,3 +211,19 @@ def test_simulated_bagel_long_path_gains_from_the_batch_choice(bagel: SimSetup) 
         off = simulate(bagel, tr, "horizon-no-downstream", seed=seed)
         assert on.stats["downstream_paused"] > 0 and off.stats["downstream_paused"] == 0
         assert _long(on) > _long(off) + 0.1, seed  # smallest gain, seeds 0–7: +0.12 (seed 7)
+
+
+def test_reject_late_refuses_no_image_an_idle_stage_can_make(bagel: SimSetup) -> None:
+    """An image handed to an idle image stage meets the stage before the split has granted it
+    SMs: it runs no step there, so it measures none, and a refusal judges the job by the
+    fastest solo step measured (the profile's solo step before any). At 1 req/s every image
+    fits on time (`test_simulated_bagel_answers_every_request`): `reject_late` refuses none and
+    changes no latency (it refused a third of them when the stage took a step time at zero
+    SMs for a measurement)."""
+    strict = replace(bagel, control=bagel.control.model_copy(update={"reject_late": True}))
+    for seed in (0, 1, 2):
+        tr = _trace(bagel, 1.0, 60.0, seed)
+        on = simulate(strict, tr, "horizon", seed=seed)
+        base = simulate(bagel, tr, "horizon", seed=seed)
+        assert on.stats["downstream_rejected"] == 0, seed
+        np.testing.assert_array_equal(on.latency, base.latency)

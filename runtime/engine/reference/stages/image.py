@@ -173,7 +173,7 @@ class ImageStage:
             STAGE,
             _rid,
             self.emit,
-            lambda j: (j.steps - j.done_steps) * times.at(1),  # late even alone
+            lambda j: (j.steps - j.done_steps) * times.fastest_solo(),  # late even alone
         )
         queued = list(self.pending)
         pool = self.active + queued
