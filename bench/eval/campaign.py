@@ -41,7 +41,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -809,6 +809,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- simulate -------------------------------------------------------------------------------------
+def _as_run(plan: dict[str, Any], plan_path: str, session: Path) -> Any:
+    """The control knobs (ControlParams) `session`, a folder with summary.json, ran `plan` with."""
+    from horizonserve.runtime.calibrate.records import plan_bytes, session_control
+    from horizonserve.runtime.config import control_as_recorded
+
+    summary = json.loads((session / "summary.json").read_text())
+    sha = hashlib.sha256(plan_bytes(plan_path)).hexdigest()
+    if summary.get("plan_sha256") != sha:
+        raise SystemExit(
+            f"--as-run: {session} ran another plan (sha256 {summary.get('plan_sha256', '?')[:12]}"
+            f"…, not {sha[:12]}…); give a session of {plan_path}"
+        )
+    return control_as_recorded(session_control(plan, summary))
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """The simulator on the plan's points: same requests (regenerated from the same workload and
     seed, checked against the plan), each system, set up as the fit replays a campaign
@@ -827,10 +842,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pipeline = plan["pipeline"]
     campaign = plan_campaign(plan, str(Path(args.plan).parent))
     setup = replay_of(campaign, art).setup(art.pipeline(pipeline))
+    if args.as_run:  # the controller a session of this plan ran (its summary says which)
+        setup = replace(setup, control=_as_run(plan, args.plan, Path(args.as_run)))
     if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
-        import dataclasses
-
-        setup = dataclasses.replace(setup, control=with_control(setup.control, args.control))
+        setup = replace(setup, control=with_control(setup.control, args.control))
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}
@@ -973,6 +988,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--systems")
     s.add_argument("--seeds", type=int, default=3, help="trace seeds (the first is the plan's)")
     s.add_argument("--points", help="comma-separated point ids (default: all)")
+    s.add_argument(
+        "--as-run",
+        metavar="SESSION",
+        help="replay the control knobs this session of the plan ran (its summary.json) where "
+        "the plan records fewer (default: the plan's, older knobs at their values before them)",
+    )
     s.add_argument(
         "--control", action="append", metavar="KEY=VALUE", help="override a control knob"
     )

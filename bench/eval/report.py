@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
 from reuse import load_plan, read_members
 
-from horizonserve.runtime.calibrate.records import plan_bytes
+from horizonserve.runtime.calibrate.records import plan_bytes, session_control
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -54,17 +54,10 @@ def _plans(run: Path) -> dict[str, dict[str, Any]]:
 
 
 def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The control knobs a session's HorizonServe items ran with: as its summary records them,
-    or (sessions older than that record) its plan's and the defaults of knobs newer than the
-    plan (`control_defaults`); None when neither is known here."""
-    if "control" in summary:
-        return summary["control"]
-    if plan is None:
+    """`session_control`, or None where the session records none and its plan is not here."""
+    if "control" not in summary and plan is None:
         return None
-    return {
-        **plan["serving_config"].get("control", {}),
-        **summary.get("control_defaults", {}),
-    }
+    return session_control(plan or {}, summary)
 
 
 def load_run(run: Path) -> dict[str, Any]:

@@ -47,6 +47,16 @@ def load_plan(path: str | Path) -> dict[str, Any]:
     return json.loads(plan_bytes(path))
 
 
+def session_control(plan: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The control knobs a session's HorizonServe items ran with: as its summary records them
+    (`control`), or, for a session older than that record, its plan's knobs and the defaults it
+    noted for knobs newer than the plan (`control_defaults`; `config.control_as_recorded`
+    fills in what neither names)."""
+    if "control" in summary:
+        return dict(summary["control"])
+    return {**plan["serving_config"].get("control", {}), **summary.get("control_defaults", {})}
+
+
 def _member_bytes(path: Path, *, whole: bool = False) -> bytes:
     """The JSON lines of a file of concatenated gzip members, decompressed; a truncated last
     member is skipped (a run cut while writing it), or with `whole` refused."""

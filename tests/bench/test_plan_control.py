@@ -3,12 +3,13 @@ the plan, on the same requests and SLO table as the plan without it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.config import ControlParams
+from horizonserve.runtime.config import ControlParams, control_as_recorded
 from tests.bench.scripts import load_eval_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,27 @@ def test_a_plan_written_gzipped_reads_back_the_same(tmp_path: Path) -> None:
     assert {k: v for k, v in packed.items() if k != "command"} == {
         k: v for k, v in plain.items() if k != "command"
     }
+
+
+def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
+    """`simulate --as-run SESSION`: a knob newer than the plan is replayed at the value the
+    session ran (its summary), not at its value from before the knob; a session of another
+    plan is refused by name."""
+    campaign = load_eval_script("campaign")
+    plan = _plan(tmp_path, "a.json")
+    del plan["serving_config"]["control"]["deadline_order"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(plan))
+    session = tmp_path / "s00"
+    session.mkdir()
+    summary = {
+        "plan_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "control_defaults": campaign.unrecorded_control(plan),
+    }
+    (session / "summary.json").write_text(json.dumps(summary))
+    assert campaign._as_run(plan, str(path), session).deadline_order is True
+    assert control_as_recorded(plan["serving_config"]["control"]).deadline_order is False
+    summary["plan_sha256"] = "0" * 64
+    (session / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match=r"--as-run: .* ran another plan"):
+        campaign._as_run(plan, str(path), session)
