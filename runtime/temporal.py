@@ -122,6 +122,29 @@ class _EntryList(Generic[K]):
         return self._tickets[:], self._sigs[:]
 
 
+class _Members(_EntryList[int]):
+    """Waiting requests by entry ticket and, in deadline order, the same members again by
+    (deadline, seq) in `by_deadline`, so the view reads either order without sorting."""
+
+    __slots__ = ("by_deadline",)
+
+    def __init__(self, deadline_order: bool) -> None:
+        super().__init__()
+        self.by_deadline: _EntryList[tuple[float, int]] | None = (
+            _EntryList() if deadline_order else None
+        )
+
+    def add(self, entry: int, sig: RequestSignals) -> None:
+        self.insert(entry, sig)  # an append when `entry` is the newest
+        if self.by_deadline is not None:
+            self.by_deadline.insert((sig.deadline, sig.seq), sig)
+
+    def drop(self, entry: int, sig: RequestSignals) -> None:
+        self.discard(entry)
+        if self.by_deadline is not None:
+            self.by_deadline.discard((sig.deadline, sig.seq))
+
+
 class Phase(StrEnum):
     SHORT = "short"
     LONG = "long"
@@ -328,13 +351,11 @@ class TemporalScheduler:
         "_n",
         "_phase_yield",
         "_rotation",
-        "_short_dl",
         "_short_late",
         "_short_on",
         "_short_protected",
         "_short_waiting",
         "_shown",
-        "_shown_dl",
         "_step",
         "_tickets",
     )
@@ -380,20 +401,12 @@ class TemporalScheduler:
         self._entry: dict[RequestSignals, int] = {}
         self._tickets = itertools.count()
         # Waiting requests visible in every phase (continuations, protected), by entry.
-        self._shown: _EntryList[int] = _EntryList()
-        self._shown_dl: _EntryList[tuple[float, int]] | None = (
-            _EntryList() if deadline_order else None
-        )  # in deadline order, the same again by (deadline, seq)
+        self._shown = _Members(deadline_order)
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
         # … the unprotected ones, on time and late, each as (tickets, sigs) in entry order.
-        self._short_on: _EntryList[int] = _EntryList()
+        self._short_on = _Members(deadline_order)
         self._short_late: _EntryList[int] = _EntryList()
-        # In deadline order, the on-time ones again by (deadline, seq): the view reads them in
-        # that order without sorting the queue each step. Same members as `_short_on`.
-        self._short_dl: _EntryList[tuple[float, int]] | None = (
-            _EntryList() if deadline_order else None
-        )
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
 
@@ -406,7 +419,7 @@ class TemporalScheduler:
         self._entry[sig] = entry = next(self._tickets)
         if sig.prefilled:
             self._continuations += 1  # always visible, not part of the rotation's counts
-            self._show(entry, sig)  # the newest entry: sorted order holds
+            self._shown.add(entry, sig)  # the newest entry: sorted order holds
             return
         sig.late = not self._keep_late and now > sig.deadline
         sig.protected = not sig.late and sig.is_protected(now)
@@ -421,9 +434,9 @@ class TemporalScheduler:
             elif sig.late:
                 self._short_late.append(entry, sig)
             else:
-                self._short_on_add(entry, sig)
+                self._short_on.add(entry, sig)
         if sig.protected:
-            self._show(entry, sig)
+            self._shown.add(entry, sig)
             self._watch_expiry(sig)
         elif not sig.late:
             heapq.heappush(self._heap, (sig.protect_at, sig.seq, sig))
@@ -436,10 +449,10 @@ class TemporalScheduler:
         entry = self._entry.pop(sig, -1)
         if sig.prefilled:
             self._continuations -= 1
-            self._unshow(entry, sig)
+            self._shown.drop(entry, sig)
             return
         if sig.protected:
-            self._unshow(entry, sig)
+            self._shown.drop(entry, sig)
         if sig.long_path:
             self._long_waiting -= 1
             if not sig.protected:
@@ -451,19 +464,9 @@ class TemporalScheduler:
             elif sig.late:
                 self._short_late.discard(entry)
             else:
-                self._short_on_drop(entry, sig)
+                self._short_on.drop(entry, sig)
         sig.protected = False  # heap entries become stale and are skipped when popped
         sig.late = False
-
-    def _short_on_add(self, entry: int, sig: RequestSignals) -> None:
-        self._short_on.append(entry, sig)
-        if self._short_dl is not None:
-            self._short_dl.insert((sig.deadline, sig.seq), sig)
-
-    def _short_on_drop(self, entry: int, sig: RequestSignals) -> None:
-        self._short_on.discard(entry)
-        if self._short_dl is not None:
-            self._short_dl.discard((sig.deadline, sig.seq))
 
     def _long_list(self, sig: RequestSignals) -> list[tuple[float, int, RequestSignals]]:
         """The sorted list an unprotected long-path prefill belongs to (by `sig.late`)."""
@@ -474,17 +477,6 @@ class TemporalScheduler:
         i = bisect_left(lst, (sig.deadline, sig.seq))
         if i < len(lst) and lst[i][2] is sig:
             del lst[i]
-
-    def _show(self, entry: int, sig: RequestSignals) -> None:
-        """A waiting request is visible in every phase (a continuation, or protected)."""
-        self._shown.insert(entry, sig)  # an append when `entry` is the newest
-        if self._shown_dl is not None:
-            self._shown_dl.insert((sig.deadline, sig.seq), sig)
-
-    def _unshow(self, entry: int, sig: RequestSignals) -> None:
-        self._shown.discard(entry)
-        if self._shown_dl is not None:
-            self._shown_dl.discard((sig.deadline, sig.seq))
 
     # -- per step ----------------------------------------------------------------------------
     def _watch_expiry(self, sig: RequestSignals) -> None:
@@ -505,8 +497,8 @@ class TemporalScheduler:
                 self._drop_long(sig)
             else:
                 self._short_protected += 1
-                self._short_on_drop(self._entry[sig], sig)
-            self._show(self._entry[sig], sig)
+                self._short_on.drop(self._entry[sig], sig)
+            self._shown.add(self._entry[sig], sig)
             self._watch_expiry(sig)
         expiry = self._expiry
         while expiry and expiry[0][0] < now:
@@ -521,13 +513,13 @@ class TemporalScheduler:
         entry = self._entry[sig]
         if was_protected:
             sig.protected = False
-            self._unshow(entry, sig)
+            self._shown.drop(entry, sig)
             if not sig.long_path:
                 self._short_protected -= 1
         elif sig.long_path:
             self._drop_long(sig)  # from the on-time list
         else:
-            self._short_on_drop(entry, sig)
+            self._short_on.drop(entry, sig)
         sig.late = True
         if sig.long_path:
             insort(self._long_late, (sig.deadline, sig.seq, sig))
@@ -661,11 +653,12 @@ class TemporalScheduler:
 
     def _by_deadline(self, extra: list[RequestSignals] | None = None) -> Iterator[RequestSignals]:
         """The shown requests and the on-time short-path prefills in deadline order (copies of
-        `_shown_dl` and `_short_dl`), with the `extra` requests (a few capped ones, sorted
-        here) merged in. The merge is lazy: a caller that stops after k requests pays O(k log)
-        above the copies."""
-        assert self._shown_dl is not None and self._short_dl is not None
-        shown, on = self._shown_dl.sigs[:], self._short_dl.sigs[:]
+        their `by_deadline`), with the `extra` requests (a few capped ones, sorted here) merged
+        in. The merge is lazy: a caller that stops after k requests pays O(k log) above the
+        copies."""
+        shown_dl, on_dl = self._shown.by_deadline, self._short_on.by_deadline
+        assert shown_dl is not None and on_dl is not None
+        shown, on = shown_dl.sigs[:], on_dl.sigs[:]
         runs = [r for r in (shown, on, extra) if r]
         if len(runs) < 2:
             return iter(runs[0] if runs else ())
