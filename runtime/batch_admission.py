@@ -70,7 +70,7 @@ class StepTimes:
         job as late even alone. The EWMA follows the SMs the split grants now; a job judged by
         it would be refused during a moment the stage is squeezed, though the split gives an
         urgent stage its SMs back."""
-        return self.at(1) if self._solo_min is None else min(self._solo_min, self.at(1))
+        return self.at(1) if self._solo_min is None else self._solo_min  # ≤ the EWMA at 1
 
     def at(self, batch: int) -> float:
         b = max(1, batch)

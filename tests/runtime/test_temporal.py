@@ -49,6 +49,14 @@ class Queue:
         self.items.remove(sig)
         self.sched.remove(sig)
 
+    def churn(self, op: str, pick: int, now: float, *, prefilled: bool) -> None:
+        """A property test's queue op on the picked request: "take" it or "requeue" it."""
+        sig = self.items[pick % len(self.items)]
+        if op == "take":
+            self.take(sig)
+        else:
+            self.requeue(sig, now, prefilled=prefilled)
+
     def requeue(self, sig: RequestSignals, now: float, *, prefilled: bool) -> None:
         """Back to the tail of the queue, e.g. preempted (a decode continuation if prefilled)."""
         self.take(sig)
@@ -212,11 +220,7 @@ def test_long_phase_members_equal_the_walk(
         if op == "add":
             q.add(cls, now, prefilled=prefilled)
         elif op in ("take", "requeue") and q.items:
-            sig = q.items[pick % len(q.items)]
-            if op == "take":
-                q.take(sig)
-            else:
-                q.requeue(sig, now, prefilled=prefilled)
+            q.churn(op, pick, now, prefilled=prefilled)
         elif op == "step":
             view = q.sched.plan(now)
             expected = walk(view, q.items)
@@ -536,11 +540,7 @@ def _check_deadline_order_view(
         if op == "add":
             q.add(classes[pick % 4] if cls == "text" else cls, now, prefilled=prefilled)
         elif op in ("take", "requeue") and q.items:
-            sig = q.items[pick % len(q.items)]
-            if op == "take":
-                q.take(sig)
-            else:
-                q.requeue(sig, now, prefilled=prefilled)
+            q.churn(op, pick, now, prefilled=prefilled)
         elif op == "step":
             view = q.sched.plan(now)
             assert view.edf
