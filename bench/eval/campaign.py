@@ -800,22 +800,20 @@ def runtime_digest() -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from horizonserve.runtime.calibrate.records import plan_bytes
+    from horizonserve.runtime.calibrate.records import read_plan
 
-    data = plan_bytes(args.plan)
-    args.plan_sha256 = hashlib.sha256(data).hexdigest()
-    plan = json.loads(data)
+    plan, args.plan_sha256 = read_plan(args.plan)
     return Campaign(args, plan).run()
 
 
 # -- simulate -------------------------------------------------------------------------------------
-def _as_run(plan: dict[str, Any], plan_path: str, session: Path) -> Any:
-    """The control knobs (ControlParams) `session`, a folder with summary.json, ran `plan` with."""
-    from horizonserve.runtime.calibrate.records import plan_bytes, session_control
+def _as_run(plan: dict[str, Any], sha: str, plan_path: str, session: Path) -> Any:
+    """The control knobs (ControlParams) `session`, a folder with summary.json, ran `plan`
+    (sha256 `sha`, at `plan_path`) with."""
+    from horizonserve.runtime.calibrate.records import session_control
     from horizonserve.runtime.config import control_as_recorded
 
     summary = json.loads((session / "summary.json").read_text())
-    sha = hashlib.sha256(plan_bytes(plan_path)).hexdigest()
     if summary.get("plan_sha256") != sha:
         raise SystemExit(
             f"--as-run: {session} ran another plan (sha256 {summary.get('plan_sha256', '?')[:12]}"
@@ -831,19 +829,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     the reference engine, the plan's class table."""
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.calibrate.artifact import load_artifact
-    from horizonserve.runtime.calibrate.records import load_plan, plan_campaign
+    from horizonserve.runtime.calibrate.records import plan_campaign, read_plan
     from horizonserve.runtime.sim.engine import simulate
     from horizonserve.runtime.sim.fit import replay_of
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
-    plan = load_plan(args.plan)
+    plan, sha = read_plan(args.plan)
     art_path = args.artifact or plan["artifact"]["path"]
     art = load_artifact(art_path)
     pipeline = plan["pipeline"]
     campaign = plan_campaign(plan, str(Path(args.plan).parent))
     setup = replay_of(campaign, art).setup(art.pipeline(pipeline))
     if args.as_run:  # the controller a session of this plan ran (its summary says which)
-        setup = replace(setup, control=_as_run(plan, args.plan, Path(args.as_run)))
+        setup = replace(setup, control=_as_run(plan, sha, args.plan, Path(args.as_run)))
     if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
         setup = replace(setup, control=with_control(setup.control, args.control))
     workload = load_workload(pipeline)
@@ -899,15 +897,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_carry(args: argparse.Namespace) -> int:
     from reuse import carry  # bench/eval/reuse.py, next to this script
 
-    from horizonserve.runtime.calibrate.records import plan_bytes
+    from horizonserve.runtime.calibrate.records import read_plan
 
-    data = plan_bytes(args.plan)
-    plan = json.loads(data)
+    plan, sha = read_plan(args.plan)
     systems = set(args.systems.split(","))
     unknown = systems - set(ALL)
     if unknown:
         raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(ALL)}")
-    sha = hashlib.sha256(data).hexdigest()
     ids = carry(plan, sha, Path(getattr(args, "from")), systems, Path(args.out))
     print(f"carried {len(ids)} items into {args.out}: {', '.join(ids)}")
     return 0

@@ -13,7 +13,6 @@ fig11_ablation.png, table3_tpot.png, sim_vs_measured.png.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import statistics
@@ -24,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
-from reuse import load_plan, read_members
+from reuse import read_members
 
-from horizonserve.runtime.calibrate.records import plan_bytes, session_control
+from horizonserve.runtime.calibrate.records import read_plan, session_control
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -50,7 +49,7 @@ def _plans(run: Path) -> dict[str, dict[str, Any]]:
     (a link to another plan whose HorizonServe items may count, when they ran the same
     controller)."""
     paths = [run / "plan.json", *sorted(run.glob("plan-*.json*"))]
-    return {hashlib.sha256(plan_bytes(p)).hexdigest(): load_plan(p) for p in paths}
+    return {sha: plan for plan, sha in map(read_plan, paths)}
 
 
 def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ view).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import lzma
 import statistics
@@ -45,6 +46,13 @@ def plan_bytes(path: str | Path) -> bytes:
 def load_plan(path: str | Path) -> dict[str, Any]:
     """The campaign plan at `path` (plain or gzipped, `plan_bytes`)."""
     return json.loads(plan_bytes(path))
+
+
+def read_plan(path: str | Path) -> tuple[dict[str, Any], str]:
+    """The campaign plan at `path` and its identity, the sha256 of its JSON bytes (the
+    `plan_sha256` a session records)."""
+    data = plan_bytes(path)
+    return json.loads(data), hashlib.sha256(data).hexdigest()
 
 
 def session_control(plan: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:

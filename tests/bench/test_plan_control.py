@@ -92,14 +92,12 @@ def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
     path.write_text(json.dumps(plan))
     session = tmp_path / "s00"
     session.mkdir()
-    summary = {
-        "plan_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "control_defaults": campaign.unrecorded_control(plan),
-    }
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    summary = {"plan_sha256": sha, "control_defaults": campaign.unrecorded_control(plan)}
     (session / "summary.json").write_text(json.dumps(summary))
-    assert campaign._as_run(plan, str(path), session).deadline_order is True
+    assert campaign._as_run(plan, sha, str(path), session).deadline_order is True
     assert control_as_recorded(plan["serving_config"]["control"]).deadline_order is False
     summary["plan_sha256"] = "0" * 64
     (session / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match=r"--as-run: .* ran another plan"):
-        campaign._as_run(plan, str(path), session)
+        campaign._as_run(plan, sha, str(path), session)
