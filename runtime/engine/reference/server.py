@@ -16,7 +16,8 @@ passes, has its request cancelled in every stage.
 Connections (`ServerSettings`): listen backlog, a cap on open connections (503 beyond), a
 deadline for a request's headers (`GuardedH11Protocol`) and one for its body, keep-alive
 timeout. An oversize body is refused with `Connection: close` and never read, so a request
-hidden in it is never parsed.
+hidden in it is never parsed; the close is staged (`http_protocol`) so the refusal reaches the
+client before the connection goes.
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import h11
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from horizonserve.runtime.engine.reference.api_models import (
     MAX_BODY_BYTES,
@@ -50,6 +49,7 @@ from horizonserve.runtime.engine.reference.api_models import (
     parse_body,
     validate_request,
 )
+from horizonserve.runtime.engine.reference.http_protocol import GuardedH11Protocol
 from horizonserve.runtime.engine.reference.pipeline import (
     CANCELLED,
     REJECTED,
@@ -84,84 +84,12 @@ class ServerSettings:
     body_timeout_s: float = 10.0  # ... and its body
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
     graceful_s: float = 5.0  # shutdown: wait this long for responses in progress
+    linger_s: float = 2.0  # a closing connection drains unread input this long (no reset)
     max_body_bytes: int = MAX_BODY_BYTES
     # API keys (`Authorization: Bearer <key>`) -> classes the key may request (None: all).
     # Empty: no authentication; `anonymous_classes` then bounds what anyone may request.
     api_keys: dict[str, frozenset[str] | None] = field(default_factory=dict)
     anonymous_classes: frozenset[str] | None = None
-
-
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol plus a deadline for each request's headers.
-
-    uvicorn re-arms no timer while headers trickle in (every byte cancels the keep-alive
-    timer), so a client sending one byte a second held its connection for ever. Here the
-    connection closes when no complete request head arrived `header_timeout_s` after it
-    opened, or after the previous response.
-    """
-
-    header_timeout_s = 10.0
-    _header_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_timer()
-
-    def _arm_header_timer(self) -> None:
-        self._cancel_header_timer()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_expired)
-
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _header_expired(self) -> None:
-        self._header_timer = None
-        in_request = self.cycle is not None and not self.cycle.response_complete
-        if not in_request and not self.transport.is_closing():
-            self.transport.close()
-
-    def handle_events(self) -> None:
-        before = self.cycle
-        super().handle_events()
-        if self.cycle is not None and self.cycle is not before:
-            self._cancel_header_timer()  # a request head arrived
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm_header_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_timer()
-        super().connection_lost(exc)
-
-    def send_400_response(self, msg: str) -> None:
-        """h11 refused the request head (bad or repeated Content-Length, a negative length,
-        a malformed line): the API's JSON error shape, then close the connection."""
-        body = json.dumps(
-            {
-                "error": "request: not a valid HTTP request (request line, headers or framing "
-                "such as a bad or repeated Content-Length); fix the client",
-                "field": "request",
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        try:
-            for event in (
-                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                h11.Data(data=body),
-                h11.EndOfMessage(),
-            ):
-                self.transport.write(self.conn.send(event))
-        except h11.LocalProtocolError:  # a response had already started: just close
-            pass
-        self.transport.close()
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -532,8 +460,11 @@ class ApiServer:
     ) -> None:
         self.pipeline = pipeline
         self.settings = s = settings or ServerSettings()
-        protocol = type("HeaderTimeoutH11", (GuardedH11Protocol,), {})
-        protocol.header_timeout_s = s.header_timeout_s
+        protocol = type(
+            "ServerH11",
+            (GuardedH11Protocol,),
+            {"header_timeout_s": s.header_timeout_s, "linger_s": s.linger_s},
+        )
         self.app = create_app(pipeline, s)
         self._sock = _bind(host, port)
         config = uvicorn.Config(

@@ -5,8 +5,10 @@ One CPU pipeline (tiny preset) serves the module; servers with different setting
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +93,33 @@ def test_oversize_body_is_refused_unread_so_a_hidden_request_never_runs(
     chunked += b"".join(b"%x\r\n%s\r\n" % (8192, b"y" * 8192) for _ in range(10)) + b"0\r\n\r\n"
     reply = _raw(server, chunked)
     assert reply.startswith(b"HTTP/1.1 413") and reply.count(b"HTTP/1.1 ") == 1
+
+
+def test_a_refusal_reaches_the_client_while_its_body_is_still_arriving(
+    server: ApiServer,
+) -> None:
+    """The server answers 413 from the head and stops reading; megabytes of body are still
+    on the wire. Closing with unread input would reset the connection and could destroy the
+    413 before the client reads it; the staged close drains instead, so every try sees it."""
+    host, port = server.url.removeprefix("http://").split(":")
+    size = 8 << 20
+    head = b"POST /v1/requests HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(head)
+            sender = threading.Thread(target=_send_quietly, args=(s, b"z" * size))
+            sender.start()
+            reply = b""
+            while chunk := s.recv(65536):  # a reset would raise ConnectionResetError here
+                reply += chunk
+            sender.join(10)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert _json_of(reply)["field"] == "body"
+
+
+def _send_quietly(s: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the linger may end before the last bytes arrive
+        s.sendall(data)
 
 
 def test_slow_headers_and_slow_body_hit_their_deadlines(server: ApiServer) -> None:
