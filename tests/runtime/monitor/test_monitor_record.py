@@ -99,7 +99,7 @@ def test_stale_detection(rec: ControlRecord) -> None:
 
 
 def test_writer_resumes_after_dead_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shm_mod, "STUCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(shm_mod, "STUCK_TIMEOUT_S", 0.4)
     with ControlRecord.create(tmp_path / "c") as rec:
         rec.decision_writer().publish(64, 68, 1, 0.0, 0.0, now_ns=1)
         # Simulate a writer that died between "seq odd" and "seq even".
@@ -110,7 +110,7 @@ def test_writer_resumes_after_dead_writer(tmp_path: Path, monkeypatch: pytest.Mo
         assert rec.read_decision() == record_mod.STALE_DECISION
         t0 = time.monotonic()
         assert rec.read_decision() == record_mod.STALE_DECISION
-        assert time.monotonic() - t0 < 0.01
+        assert time.monotonic() - t0 < 0.2  # no second spin of STUCK_TIMEOUT_S
         assert rec.is_stale(2, 10**12)
         rec.decision_writer().publish(80, 52, 2, 0.0, 0.0, now_ns=2)
         d = rec.read_decision()
