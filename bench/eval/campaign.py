@@ -203,7 +203,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for tier, pid, rate, lr, system, rep in rows:
         if pid not in points:
             mix = mix_weights(workload, long_classes, lr)
-            trace = generate(workload, mix, rate=rate, duration_s=args.duration, seed=args.seed)
+            trace = generate(workload, mix, rate=rate, duration_s=args.duration, seed=args.seed,
+                             burstiness=args.burstiness)  # fmt: skip
             reqs = requests_from_trace(trace, args.preset)
             points[pid] = {
                 "id": pid,
@@ -211,6 +212,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "long_ratio": lr,
                 "seed": args.seed,
                 "duration_s": args.duration,
+                # Poisson plans keep their bytes: the key is there only for bursty arrivals.
+                **({"burstiness": args.burstiness} if args.burstiness != 1.0 else {}),
                 "mix": mix,
                 "requests": [
                     {
@@ -869,7 +872,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             for k in range(args.seeds):
                 seed = p["seed"] + k
                 trace = generate(workload, mix, rate=p["rate"], duration_s=p["duration_s"],
-                                 seed=seed)  # fmt: skip
+                                 seed=seed, burstiness=p.get("burstiness", 1.0))  # fmt: skip
                 if k == 0 and len(trace) != len(p["requests"]):
                     raise SystemExit(
                         f"{pid}: regenerated trace has {len(trace)} requests, "
@@ -949,6 +952,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifact", default="runtime/data/calibration/h200-measured.json")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per point")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="arrivals: gamma gaps of shape b (vLLM's serving benchmark); 1 is Poisson",
+    )
     p.add_argument("--stress-rate", type=float, default=8.0, help="tier-1 rate, req/s")
     p.add_argument("--rates", type=_floats, default=[2.0, 4.0, 6.0, 8.0, 10.0])
     p.add_argument("--long-rate", type=float, default=6.0, help="offered load of the long sweep")

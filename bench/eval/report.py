@@ -399,6 +399,17 @@ def _n(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _arrivals(plan: dict[str, Any]) -> str:
+    shapes = sorted({float(p.get("burstiness", 1.0)) for p in plan["points"].values()})
+    if shapes == [1.0]:
+        return "Poisson."
+    return (
+        "bursty, gamma gaps of shape "
+        + " / ".join(f"{b:g}" for b in shapes)
+        + (" (1: Poisson; the gaps' coefficient of variation is 1/√shape).")
+    )
+
+
 def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
     plan = data["plan"]
     lines = [
@@ -412,6 +423,8 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
         "",
         "SLO (5 × solo p95, ms): "
         + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in plan["slo"].items()),
+        "",
+        "Arrivals: " + _arrivals(plan),
         "",
         "Sessions: "
         + "; ".join(

@@ -31,8 +31,17 @@ def point(
     seed: int,
     duration_s: float,
     long_ratio: float | None = None,
+    burstiness: float = 1.0,
 ) -> dict[str, Any]:
     """One simulated point (warm-up: the first 10 % of arrivals left out): its summary."""
     mix = mix_weights(wl, setup.long_classes, long_ratio)
-    tr = generate(wl, mix, rate=rate, duration_s=duration_s, warmup_s=0.1 * duration_s, seed=seed)
+    tr = generate(
+        wl,
+        mix,
+        rate=rate,
+        duration_s=duration_s,
+        warmup_s=0.1 * duration_s,
+        seed=seed,
+        burstiness=burstiness,
+    )
     return summarize(simulate(setup, tr, system, seed=seed))

@@ -1,11 +1,13 @@
 """SIMULATED: HorizonServe against every baseline on workloads no campaign, fit or sweep of this
 repository used: long-path shares of 0, 30 and 90 % (the others run the default mix and 60 %),
 SLOs of 3× and 10× the solo p95 (the others run 5×) and trace seeds 101 and up (the others run
-0–7). Per point the best baseline is the best of fcfs, edf, mps, edf-mps, priority and
-priority-mps on the same requests; HorizonServe is never worse there when its mean lead over
-the seeds is at least minus the seed-to-seed spread of that lead (never_worse.py's rule).
+0–7); `--burstiness b` draws the arrivals in bursts (gamma gaps of shape b, vLLM's serving
+benchmark's `--burstiness`) where every other sweep is Poisson. Per point the best baseline is
+the best of fcfs, edf, mps, edf-mps, priority and priority-mps on the same requests;
+HorizonServe is never worse there when its mean lead over the seeds is at least minus the
+seed-to-seed spread of that lead (never_worse.py's rule).
 
-    python bench/sim/unseen.py [--pipelines qwen2_5_omni,...] [--seeds 2] > out.txt
+    python bench/sim/unseen.py [--pipelines qwen2_5_omni,...] [--seeds 2] [--burstiness 1]
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ def _setup(pipeline: str, multiplier: float) -> tuple[SimSetup, object]:
     return _CACHE[key]
 
 
-def _one(job: tuple[str, float, float, float, str, int, float]) -> tuple[tuple, float]:
-    pipeline, mult, ratio, rate, system, seed, duration = job
+def _one(job: tuple[str, float, float, float, str, int, float, float]) -> tuple[tuple, float]:
+    pipeline, mult, ratio, rate, system, seed, duration, burstiness = job
     setup, wl = _setup(pipeline, mult)
-    att = point(setup, wl, system, rate, seed, duration, ratio)["attainment"]
+    att = point(setup, wl, system, rate, seed, duration, ratio, burstiness)["attainment"]
     return (pipeline, mult, ratio, rate, system, seed), att
 
 
@@ -57,12 +59,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson arrivals")
     args = ap.parse_args()
     pipes = [p for p in args.pipelines.split(",") if p]
     seeds = range(FIRST_SEED, FIRST_SEED + args.seeds)
     systems = ("horizon", *BASELINES)
     jobs = [
-        (p, m, lr, r, sy, s, args.duration)
+        (p, m, lr, r, sy, s, args.duration, args.burstiness)
         for p in pipes
         for m in MULTIPLIERS
         for lr in LONG_RATIOS
@@ -76,7 +79,8 @@ def main() -> None:
             att[key] = a
     print(
         f"SIMULATED, HorizonServe against the best baseline on unseen workloads, "
-        f"{args.seeds} seeds from {FIRST_SEED}, {args.duration:g}-s points"
+        f"{args.seeds} seeds from {FIRST_SEED}, {args.duration:g}-s points, "
+        + ("Poisson arrivals" if args.burstiness == 1 else f"burstiness {args.burstiness:g}")
     )
     failures = []
     for p in pipes:

@@ -122,6 +122,7 @@ class CampaignPoint:
     seed: int
     duration_s: float
     n_requests: int
+    burstiness: float = 1.0  # the arrivals' gamma shape (1: Poisson)
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,7 @@ def plan_campaign(plan: dict[str, Any], path: str, warmup_s: float = 0.0) -> Cam
             seed=int(p["seed"]),
             duration_s=float(p["duration_s"]),
             n_requests=len(p["requests"]),
+            burstiness=float(p.get("burstiness", 1.0)),
         )
         for pid, p in plan["points"].items()
     }

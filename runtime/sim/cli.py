@@ -53,6 +53,13 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     p.add_argument("--mix", type=_mix, help="class weights, e.g. text-text=3,text-speech=1")
     p.add_argument("--long-ratio", type=ck.fraction, help="share of long-path requests (0–1)")
     p.add_argument("--seed", type=ck.non_negative_int, default=0)
+    p.add_argument(
+        "--burstiness",
+        type=ck.positive,
+        default=1.0,
+        help="arrival burstiness: gamma gaps of shape b, as vLLM's serving benchmark (1: "
+        "Poisson, the default; 0.25: gaps with 2x the Poisson spread)",
+    )
     p.add_argument("--slo-multiplier", type=ck.positive, default=5.0, help="SLO = m × solo p95 (5)")
     p.add_argument(
         "--slo",
@@ -179,6 +186,10 @@ def _dump(path: Path | None, data: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def _burst_txt(args: argparse.Namespace) -> str:
+    return "" if args.burstiness == 1.0 else f", burstiness {args.burstiness:g}"
+
+
 def _run(args: argparse.Namespace) -> int:
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.sim.engine import simulate
@@ -192,13 +203,15 @@ def _run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         warmup_s=0.1 * args.duration,
         seed=args.seed,
+        burstiness=args.burstiness,
     )
     result = simulate(setup, trace, args.system, seed=args.seed, record_trace=args.trace)
     s = summarize(result)
     st = result.stats
     print(
         f"SIMULATED {args.pipeline} / {args.system} at {args.rate:g} req/s, "
-        f"{args.duration:g} s, seed {args.seed}: attainment {_p(s['attainment'])} "
+        f"{args.duration:g} s, seed {args.seed}{_burst_txt(args)}: attainment "
+        f"{_p(s['attainment'])} "
         f"(short-path {_p(s['short_attainment'])}, long-path {_p(s['long_attainment'])}), "
         f"goodput {s['goodput_rps']:.2f} req/s, TPOT p50/p95 {_ms(s['tpot_p50_ms'])}/"
         f"{_ms(s['tpot_p95_ms'])} ms"
@@ -267,7 +280,14 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         phase(f"{pipeline}: measuring each class's solo p95 (simulated) …", disable=quiet)
     setup, workload, mix = _setup(args, pipeline)
     systems = list(args.systems)
-    unit = generate(workload, mix, rate=1.0, n_requests=args.requests, seed=args.seed)
+    unit = generate(
+        workload,
+        mix,
+        rate=1.0,
+        n_requests=args.requests,
+        seed=args.seed,
+        burstiness=args.burstiness,
+    )
     unit = replace(unit, warmup_s=0.1 * unit.duration_s)
     bar = Progress(f"planning {pipeline}", "system", disable=quiet)
     bar.start(len(systems))
@@ -292,7 +312,8 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
     print(
         f"SIMULATED capacity plan — {pipeline}, target {args.target:.0%} SLO attainment "
         f"(SLO = {setup.slo.multiplier:g} x solo p95), {args.requests} requests, seed "
-        f"{args.seed}, tolerance {args.tol:.0%}\nmix: {mix_txt}\nSLO table: {setup.slo_source}"
+        f"{args.seed}, tolerance {args.tol:.0%}{_burst_txt(args)}\nmix: {mix_txt}\n"
+        f"SLO table: {setup.slo_source}"
     )
     info = artifact_info(args.artifact)
     print(artifact_line(info))
@@ -321,6 +342,7 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         "requests": args.requests,
         "tol": args.tol,
         "seed": args.seed,
+        "burstiness": args.burstiness,
         "wall_s": wall,
         "systems": [r.to_json() for r in results],
     }

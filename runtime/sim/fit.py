@@ -478,7 +478,13 @@ class Replay:
             long = tuple(x.name for x in classes if x.path is Path.LONG)
             mix = mix_weights(wl, long, p.long_ratio)
             tr = generate(
-                wl, mix, rate=p.rate, duration_s=p.duration_s, warmup_s=c.warmup_s, seed=p.seed
+                wl,
+                mix,
+                rate=p.rate,
+                duration_s=p.duration_s,
+                warmup_s=c.warmup_s,
+                seed=p.seed,
+                burstiness=p.burstiness,
             )
             if len(tr) != p.n_requests:
                 raise ValueError(

@@ -1,9 +1,14 @@
-"""Poisson traces and class mixes drawn from a workload spec.
+"""Arrival traces and class mixes drawn from a workload spec.
 
 Traces use common random numbers: the class of request i is chosen by comparing one uniform
 draw u_i with the mix's cumulative weights, each class's features are drawn from that class's own
-stream in order of appearance, and arrival times are unit-rate exponential gaps divided by the
-rate. So two traces with the same seed differ only where the rate or the mix forces them to.
+stream in order of appearance, and arrival times are unit-mean gaps divided by the rate. So two
+traces with the same seed differ only where the rate or the mix forces them to.
+
+Gaps are exponential (Poisson arrivals) by default. `burstiness` b ≠ 1 draws them from a gamma
+distribution of shape b and mean 1, as vLLM's serving benchmark does (`--burstiness`): the
+coefficient of variation of the gaps is 1/√b, so b < 1 sends bursts separated by lulls at the
+same mean rate.
 """
 
 from __future__ import annotations
@@ -53,6 +58,15 @@ def mix_weights(
 
 
 # -- traces ---------------------------------------------------------------------------------------
+def _unit_gaps(seed: np.random.SeedSequence, n: int, burstiness: float) -> np.ndarray:
+    """`n` inter-arrival gaps of mean 1: exponential at burstiness 1 (the draws every earlier
+    trace used), else gamma of shape `burstiness`."""
+    rng = np.random.default_rng(seed)
+    if burstiness == 1.0:
+        return rng.exponential(1.0, n)
+    return rng.gamma(burstiness, 1.0 / burstiness, n)
+
+
 def generate(
     spec: WorkloadSpec,
     mix: dict[str, float],
@@ -62,10 +76,17 @@ def generate(
     n_requests: int | None = None,
     warmup_s: float = 0.0,
     seed: int = 0,
+    burstiness: float = 1.0,
 ) -> Trace:
-    """A Poisson trace at `rate` req/s over `duration_s` (or exactly `n_requests` requests)."""
+    """A trace at `rate` req/s over `duration_s` (or exactly `n_requests` requests); Poisson
+    unless `burstiness` ≠ 1 (module docstring)."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(
+            f"burstiness must be a positive number (1: Poisson, below 1: burstier), "
+            f"got {burstiness}"
+        )
     if (duration_s is None) == (n_requests is None):
         raise ValueError("give exactly one of duration_s and n_requests")
     names = tuple(c.name for c in spec.classes)
@@ -73,16 +94,17 @@ def generate(
     s_arr, s_cls, *s_feat = root.spawn(2 + len(names))
     if n_requests is None:
         assert duration_s is not None
-        # Enough unit-rate gaps to cover the window with overwhelming probability.
+        # Enough unit-mean gaps to cover the window with overwhelming probability (their
+        # count's spread grows with the gaps' variance, 1/b).
         expect = rate * duration_s
-        n_draw = int(expect + 8 * math.sqrt(expect + 1) + 16)
-        gaps = np.random.default_rng(s_arr).exponential(1.0, n_draw)
+        n_draw = int(expect + 8 * math.sqrt((expect + 1) / min(1.0, burstiness)) + 16)
+        gaps = _unit_gaps(s_arr, n_draw, burstiness)
         arrival = np.cumsum(gaps) / rate
         arrival = arrival[arrival < duration_s]
         n = len(arrival)
     else:
         n = n_requests
-        gaps = np.random.default_rng(s_arr).exponential(1.0, n)
+        gaps = _unit_gaps(s_arr, n, burstiness)
         arrival = np.cumsum(gaps) / rate
         duration_s = float(arrival[-1]) + 1e-9 if n else 0.0
     u = np.random.default_rng(s_cls).random(n)

@@ -4,6 +4,7 @@ the plan, on the same requests and SLO table as the plan without it."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -101,3 +102,28 @@ def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
     (session / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match=r"--as-run: .* ran another plan"):
         campaign._as_run(plan, sha, str(path), session)
+
+
+def test_a_bursty_plan_records_its_arrivals_and_replays_them(tmp_path: Path) -> None:
+    """`plan --burstiness b`: the points carry b, a Poisson plan's bytes stay as they were, and
+    the simulator's replay of the campaign regenerates the same requests from the point."""
+    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.calibrate.records import plan_campaign
+    from horizonserve.runtime.sim.fit import replay_of
+
+    poisson = _plan(tmp_path, "a.json")
+    bursty = _plan(tmp_path, "b.json", "--burstiness", "0.25")
+    assert all("burstiness" not in p for p in poisson["points"].values())
+    (pid, point), *_ = bursty["points"].items()
+    assert point["burstiness"] == 0.25
+
+    def gaps(requests: list[dict]) -> list[float]:
+        at = [r["at_s"] for r in requests]
+        return [b - a for a, b in itertools.pairwise(at)]
+
+    # Lulls between bursts: a longer longest gap than the Poisson draw of the same seed.
+    assert max(gaps(point["requests"])) > max(gaps(poisson["points"][pid]["requests"]))
+    campaign = plan_campaign(bursty, str(tmp_path))
+    assert campaign.points[pid].burstiness == 0.25
+    trace = replay_of(campaign, load_artifact(ARTIFACT)).trace(pid)
+    assert [round(float(t), 6) for t in trace.arrival] == [r["at_s"] for r in point["requests"]]

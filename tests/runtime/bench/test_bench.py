@@ -58,6 +58,34 @@ def test_poisson_trace_is_seeded_and_rescales() -> None:
     np.testing.assert_array_equal(c.cls, a.cls)
 
 
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_bursty_trace_keeps_the_rate_and_the_requests(burstiness: float) -> None:
+    """Gamma gaps of shape b (vLLM's serving benchmark's `--burstiness`): the same mean rate,
+    gaps whose coefficient of variation is 1/sqrt(b), the same classes and features as the
+    Poisson trace of the seed (only the arrival stream differs)."""
+    wl = load_workload("qwen2_5_omni")
+    mix = mix_weights(wl, LONG)
+    poisson = generate(wl, mix, rate=5.0, n_requests=4000, seed=1)
+    bursty = generate(wl, mix, rate=5.0, n_requests=4000, seed=1, burstiness=burstiness)
+    gaps = np.diff(bursty.arrival)
+    assert np.mean(gaps) == pytest.approx(1 / 5.0, rel=0.1)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(burstiness**-0.5, rel=0.15)
+    np.testing.assert_array_equal(bursty.cls, poisson.cls)
+    np.testing.assert_array_equal(bursty.output_tokens, poisson.output_tokens)
+    window = generate(wl, mix, rate=5.0, duration_s=400.0, seed=1, burstiness=burstiness)
+    assert window.arrival[-1] < 400.0 and len(window) / 400.0 == pytest.approx(5.0, rel=0.2)
+    # Burstiness 1 is the Poisson trace itself, draw for draw.
+    one = generate(wl, mix, rate=5.0, n_requests=4000, seed=1, burstiness=1.0)
+    np.testing.assert_array_equal(one.arrival, poisson.arrival)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_burstiness_must_be_a_positive_number(bad: float) -> None:
+    wl = load_workload("qwen2_5_omni")
+    with pytest.raises(ValueError, match="burstiness must be a positive number"):
+        generate(wl, mix_weights(wl, LONG), rate=5.0, n_requests=10, burstiness=bad)
+
+
 def test_sweep_report_is_labelled_simulated(tmp_path: Path) -> None:
     cfg = SweepConfig(
         systems=("horizon", "fcfs", "horizon-no-rotation"),
@@ -125,3 +153,12 @@ def test_sim_run_cli(capsys) -> None:
     assert main(["sim", "run", "--rate", "2", "--duration", "20", "--slo", "defaults"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("SIMULATED") and "text-text" in out
+
+
+def test_sim_run_cli_takes_bursty_arrivals(capsys) -> None:
+    argv = ["sim", "run", "--rate", "2", "--duration", "20", "--slo", "defaults"]
+    assert main([*argv, "--burstiness", "0.25"]) == 0
+    assert "burstiness 0.25: attainment" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*argv, "--burstiness", "0"])
+    assert "--burstiness" in capsys.readouterr().err
