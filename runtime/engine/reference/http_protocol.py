@@ -7,8 +7,9 @@
 * A staged close (RFC 9112 §9.6). A response may leave request bytes unread: an oversize body
   is refused without reading it. Closing a socket whose input is not drained makes the kernel
   answer with a reset, and a reset can discard the response before the client has read it.
-  So every close first ends the write side (FIN after the response), then discards whatever
-  still arrives, and closes for good when the client closes or `linger_s` has passed.
+  So a close while the request's body is still arriving first ends the write side (FIN after
+  the response), then discards whatever still arrives, and closes for good when the client
+  closes or `linger_s` has passed. Other closes (idle keep-alive, shutdown) are immediate.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ class _StagedClose:
         t = self._transport
         if self.lingering or t.is_closing():
             return
-        if not t.can_write_eof():
-            t.close()
+        if not (self._protocol.body_unread() and t.can_write_eof()):
+            t.close()  # nothing more is coming: an ordinary close resets nothing
             return
         self.lingering = True
         t.write_eof()  # FIN once the response is flushed
@@ -71,6 +72,10 @@ class GuardedH11Protocol(H11Protocol):
     # -- staged close -------------------------------------------------------------------------
     # Ends when the client closes its side (uvicorn's eof_received returns None, so asyncio
     # closes the transport) or when the linger timer fires.
+    def body_unread(self) -> bool:
+        """The client is still sending the current request's body (a response came first)."""
+        return self.conn.their_state is h11.SEND_BODY
+
     def linger_until_closed(self) -> None:
         self._cancel_header_timer()
         self._linger_timer = self.loop.call_later(self.linger_s, self._raw_transport.close)

@@ -84,7 +84,7 @@ class ServerSettings:
     body_timeout_s: float = 10.0  # ... and its body
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
     graceful_s: float = 5.0  # shutdown: wait this long for responses in progress
-    linger_s: float = 2.0  # a closing connection drains unread input this long (no reset)
+    linger_s: float = 2.0  # a close mid-body drains the rest this long (so no reset)
     max_body_bytes: int = MAX_BODY_BYTES
     # API keys (`Authorization: Bearer <key>`) -> classes the key may request (None: all).
     # Empty: no authentication; `anonymous_classes` then bounds what anyone may request.
