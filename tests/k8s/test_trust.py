@@ -357,8 +357,7 @@ def test_one_gpu_one_owner_taints_drift_endpoint_and_pss(env: dict[str, Any]) ->
     play_kubelet(cluster, ns, a["metadata"]["name"])
     taint = {"key": "maintenance", "value": "yes", "effect": "NoSchedule"}
     merge_patch(cluster, "/api/v1/nodes/t-a", {"spec": {"taints": [taint]}})
-    create_node(cluster, "t-c", labels={"pool": "trust"})
-    merge_patch(cluster, "/api/v1/nodes/t-c", {"spec": {"taints": [taint]}})
+    create_node(cluster, "t-c", labels={"pool": "trust"}, taints=[taint])
     time.sleep(3)  # several passes
     now = _pods(cluster, ns, "older")
     assert now["t-a"]["metadata"]["uid"] == a["metadata"]["uid"], "NoSchedule evicted a pod"

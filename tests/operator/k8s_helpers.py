@@ -46,20 +46,39 @@ def delete_all_nodes(cluster: Any) -> None:
     wait_for("no nodes", lambda: not cluster.request("GET", "/api/v1/nodes")[1]["items"])
 
 
-def node_body(name: str, *, gpu: bool = True, labels: dict[str, str] | None = None) -> dict:
+def node_body(
+    name: str,
+    *,
+    gpu: bool = True,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict:
     capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
     if gpu:
         capacity["nvidia.com/gpu"] = "1"
-    return {
+    body = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
         "status": {"capacity": capacity, "allocatable": capacity},
     }
+    if taints:
+        body["spec"] = {"taints": taints}
+    return body
 
 
-def create_node(cluster: Any, name: str, *, gpu: bool = True, labels=None) -> None:
-    status, body = cluster.request("POST", "/api/v1/nodes", node_body(name, gpu=gpu, labels=labels))
+def create_node(
+    cluster: Any,
+    name: str,
+    *,
+    gpu: bool = True,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> None:
+    """A Node object; `taints` are there from its creation (a later patch leaves a window in
+    which the operator may rightly place a pod on it)."""
+    body = node_body(name, gpu=gpu, labels=labels, taints=taints)
+    status, body = cluster.request("POST", "/api/v1/nodes", body)
     assert status == 201, body
 
 
