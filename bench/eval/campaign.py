@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from horizonserve.runtime import cli_types as ck
 from horizonserve.runtime.sim import systems as _registry  # the one name per system
 
 log = logging.getLogger("campaign")
@@ -872,7 +873,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             for k in range(args.seeds):
                 seed = p["seed"] + k
                 trace = generate(workload, mix, rate=p["rate"], duration_s=p["duration_s"],
-                                 seed=seed, burstiness=p.get("burstiness", 1.0))  # fmt: skip
+                                 seed=seed, burstiness=campaign.points[pid].burstiness)  # fmt: skip
                 if k == 0 and len(trace) != len(p["requests"]):
                     raise SystemExit(
                         f"{pid}: regenerated trace has {len(trace)} requests, "
@@ -954,9 +955,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--burstiness",
-        type=float,
+        type=ck.positive,
         default=1.0,
-        help="arrivals: gamma gaps of shape b (vLLM's serving benchmark); 1 is Poisson",
+        help="arrivals: gamma gaps of shape b > 0 (vLLM's serving benchmark); 1 is Poisson",
     )
     p.add_argument("--stress-rate", type=float, default=8.0, help="tier-1 rate, req/s")
     p.add_argument("--rates", type=_floats, default=[2.0, 4.0, 6.0, 8.0, 10.0])

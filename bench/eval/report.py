@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
 from reuse import read_members
 
-from horizonserve.runtime.calibrate.records import read_plan, session_control
+from horizonserve.runtime.calibrate.records import plan_campaign, read_plan, session_control
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -400,14 +400,12 @@ def _n(x: float | None, fmt: str = ".2f") -> str:
 
 
 def _arrivals(plan: dict[str, Any]) -> str:
-    shapes = sorted({float(p.get("burstiness", 1.0)) for p in plan["points"].values()})
+    points = plan_campaign(plan, "").points.values()
+    shapes = sorted({p.burstiness for p in points})
     if shapes == [1.0]:
         return "Poisson."
-    return (
-        "bursty, gamma gaps of shape "
-        + " / ".join(f"{b:g}" for b in shapes)
-        + (" (1: Poisson; the gaps' coefficient of variation is 1/√shape).")
-    )
+    listed = " / ".join(f"{b:g}" for b in shapes)
+    return f"bursty, gamma gaps of shape {listed} (1: Poisson; the gaps' CV is 1/√shape)."
 
 
 def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:

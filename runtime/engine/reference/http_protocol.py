@@ -59,7 +59,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a deadline for request heads and a staged close."""
 
     header_timeout_s = 10.0
-    linger_s = 2.0  # a closing connection discards input at most this long
+    linger_s = 2.0  # a close mid-body discards the rest of the body at most this long
     _header_timer: asyncio.TimerHandle | None = None
     _linger_timer: asyncio.TimerHandle | None = None
 
