@@ -653,12 +653,14 @@ class TemporalScheduler:
 
     def _by_deadline(self, extra: list[RequestSignals] | None = None) -> Iterator[RequestSignals]:
         """The shown requests and the on-time short-path prefills in deadline order (copies of
-        their `by_deadline`), with the `extra` requests (a few capped ones, sorted here) merged
-        in. The merge is lazy: a caller that stops after k requests pays O(k log) above the
+        their `by_deadline`), with the `extra` requests (capped or late ones, sorted here)
+        merged in. The merge is lazy: a caller that stops after k requests pays O(k log) above the
         copies."""
         shown_dl, on_dl = self._shown.by_deadline, self._short_on.by_deadline
         assert shown_dl is not None and on_dl is not None
         shown, on = shown_dl.sigs[:], on_dl.sigs[:]
+        if extra:  # given in entry order (a re-queued request sits at the tail): sort it
+            extra = sorted(extra, key=_deadline_of)
         runs = [r for r in (shown, on, extra) if r]
         if len(runs) < 2:
             return iter(runs[0] if runs else ())
@@ -666,8 +668,6 @@ class TemporalScheduler:
             members = list(itertools.chain.from_iterable(runs))
             members.sort(key=_deadline_of)
             return iter(members)
-        if extra:
-            runs[-1] = sorted(extra, key=_deadline_of)
         return heapq.merge(*runs, key=_deadline_of)
 
     def _short_members(self) -> Iterator[RequestSignals]:

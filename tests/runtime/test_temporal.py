@@ -572,6 +572,18 @@ def test_deadline_order_puts_tight_text_before_a_loose_prompt_that_came_first() 
     assert view.members() == [text, summary, speech]
 
 
+def test_deadline_order_keeps_a_requeued_late_request_in_its_deadline_place() -> None:
+    """All waiting prompts late, no late yield: they join one deadline order. A request
+    re-queued at the tail of the entry order keeps its place by (deadline, seq) there too."""
+    q = make_dl_queue(ControlParams(rotation_n_min=1, rotation_n_max=2), False)
+    first, *rest = [q.add("text", 0.0) for _ in range(3)]
+    q.requeue(first, 0.6, prefilled=False)
+    view = q.sched.plan(0.6)
+    assert view.phase is Phase.SHORT and first.late
+    assert list(view.iter_visible(q.items, _ident, _ident)) == [first, *rest]
+    assert list(view.iter_visible(q.items, _ident)) == [first, *rest]
+
+
 def test_deadline_order_is_refused_with_edf_or_priority() -> None:
     with pytest.raises(ValueError):
         TemporalScheduler(ControlParams(), rotation=False, edf=True, deadline_order=True)
