@@ -97,12 +97,34 @@ fi
 # What the images are built from; tests/images refuses images of older sources.
 SOURCE="$(python3 "$ROOT/images/source_hash.py")"
 
+# A RUN step re-executes buildah from a sealed in-memory copy of its binary (containers/storage's
+# unshare). On a loaded machine the kernel can refuse the seal for a moment (EBUSY while the
+# fresh copy's pages are still referenced), which fails the step before it starts. That failure
+# is retried (layers are cached, so a retry redoes only the failed step); any other is not.
+TRANSIENT='sealing memfd copy: Device or resource busy'
+BUD_TRIES=3
+
 bud() {  # bud TAG DOCKERFILE [buildah args...]
-    local tag="$1" file="$2"
+    local tag="$1" file="$2" try err rc
     shift 2
-    buildah bud --quiet --layers --isolation chroot --network host --pull=never \
-        --label "org.horizonserve.source=$SOURCE" \
-        "${CA_ARGS[@]}" -f "$file" -t "$tag" "$@" "$ROOT"
+    err="$(mktemp)"
+    for ((try = 1; ; try++)); do
+        rc=0
+        buildah bud --quiet --layers --isolation chroot --network host --pull=never \
+            --label "org.horizonserve.source=$SOURCE" \
+            "${CA_ARGS[@]}" -f "$file" -t "$tag" "$@" "$ROOT" 2> >(tee "$err" >&2) || rc=$?
+        wait  # the tee above has written all of stderr
+        if ((rc == 0)); then
+            rm -f "$err"
+            return 0
+        fi
+        if ((try >= BUD_TRIES)) || ! grep -qF "$TRANSIENT" "$err"; then
+            rm -f "$err"
+            return "$rc"
+        fi
+        log "building $tag: the kernel refused to seal buildah's re-exec copy (EBUSY); retry $((try + 1)) of $BUD_TRIES in $((5 * try)) s"
+        sleep $((5 * try))
+    done
 }
 
 # -- 2. operator -------------------------------------------------------------------------------
