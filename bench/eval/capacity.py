@@ -1,0 +1,311 @@
+"""Capacity, the sustainable rate at a target attainment, from the committed GPU reports.
+
+    python bench/eval/capacity.py bench/results/h200-eval/capacity/spec.json
+
+The spec names, for each pipeline and system, the measured items that make each rate's point
+(REPORT/ITEM: a campaign folder beside the spec's parent, whose results.json report.py
+recomputed from the raw records; repetitions of one rate are averaged). Writes, beside the
+spec: capacity.md (the tables), capacity.json (the same figures) and capacity.png (attainment
+against rate per pipeline, overall and per path). Measured figures only; nothing is simulated.
+
+A sweep's capacity is read where attainment first falls below the target going up in rate,
+linear between the two measured rates around it. Where no measured rate brackets it, the
+sweep gives a bound only (at least its highest rate, or below its lowest). The best baseline
+is the highest capacity or lower bound; a baseline
+bounded only from above by a rate higher than the best capacity is listed as not excluded, and
+the ratio is given only where both capacities are bracketed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from campaign import LABELS
+from report import COLORS
+
+HORIZON = "horizon"
+VANILLA = "fcfs"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One rate of one system's sweep: the mean over its repetitions."""
+
+    rate: float
+    attainment: float
+    short: float
+    long: float
+    reps: tuple[float, ...]  # each repetition's attainment
+    late: int  # requests answered after their SLO (first repetition)
+    never: int  # requests never answered by the end of the point (first repetition)
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The sustainable rate: `rate` exactly (bound '='), at least it ('>=') or below it ('<')."""
+
+    rate: float
+    bound: str
+    bracket: tuple[float, float] | None  # the measured rates it lies between
+
+    def text(self) -> str:
+        prefix = {"=": "", ">=": "≥ ", "<": "< "}[self.bound]
+        return f"{prefix}{self.rate:.2f} req/s"
+
+
+def capacity(points: list[Point], target: float) -> Capacity:
+    """Where attainment first falls below `target` going up in rate (module docstring)."""
+    pts = sorted(points, key=lambda p: p.rate)
+    for i, p in enumerate(pts):
+        if p.attainment >= target:
+            continue
+        if i == 0:
+            return Capacity(p.rate, "<", None)
+        q = pts[i - 1]
+        rate = q.rate + (p.rate - q.rate) * (q.attainment - target) / (q.attainment - p.attainment)
+        return Capacity(rate, "=", (q.rate, p.rate))
+    return Capacity(pts[-1].rate, ">=", None)
+
+
+def best_baseline(caps: dict[str, Capacity]) -> tuple[str | None, list[str]]:
+    """The baseline with the highest capacity (a lower bound counts at its rate; an exact
+    value wins a tie), and the baselines not shown below it: bounded only from above by a
+    rate above it."""
+    pool = {s: c for s, c in caps.items() if s != HORIZON and c.bound != "<"}
+    if not pool:
+        return None, sorted(s for s in caps if s != HORIZON)
+    best = max(pool, key=lambda s: (pool[s].rate, pool[s].bound == "="))
+    top = pool[best].rate
+    open_ = sorted(s for s, c in caps.items() if c.bound == "<" and c.rate > top and s != HORIZON)
+    return best, open_
+
+
+def load_points(spec_path: Path) -> dict[str, dict[str, list[Point]]]:
+    """Every pipeline's sweeps: system → points, read from the reports the spec names."""
+    spec = json.loads(spec_path.read_text())
+    root = spec_path.resolve().parent.parent
+    results: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, list[Point]]] = {}
+    for pipe, p in spec["pipelines"].items():
+        out[pipe] = {}
+        for system, rates in p["systems"].items():
+            pts = []
+            for rate, sources in rates.items():
+                items = []
+                for src in sources:
+                    report, item = src.split("/", 1)
+                    if report not in results:
+                        results[report] = json.loads((root / report / "results.json").read_text())
+                    try:
+                        items.append(results[report]["items"][item])
+                    except KeyError:
+                        raise SystemExit(
+                            f"{spec_path}: {pipe} {system} {rate}: {src} is not in "
+                            f"{report}/results.json (run report.py there)"
+                        ) from None
+                    if not item.startswith(f"r{rate}/{system}/"):
+                        raise SystemExit(
+                            f"{spec_path}: {pipe} {system} {rate}: {src} is another "
+                            "rate's or system's item"
+                        )
+                first = items[0]
+                pts.append(Point(
+                    rate=float(rate),
+                    attainment=statistics.fmean(i["attainment"] for i in items),
+                    short=statistics.fmean(i["short_attainment"] for i in items),
+                    long=statistics.fmean(i["long_attainment"] for i in items),
+                    reps=tuple(i["attainment"] for i in items),
+                    late=first["short_late"] + first["long_late"],
+                    never=first["short_never"] + first["long_never"],
+                    sources=tuple(sources),
+                ))  # fmt: skip
+            out[pipe][system] = sorted(pts, key=lambda x: x.rate)
+    return out
+
+
+def summarise(spec_path: Path) -> dict[str, Any]:
+    """The capacities, the ratio to the best baseline, and the per-rate comparisons."""
+    spec = json.loads(spec_path.read_text())
+    target, past_below = spec["target"], spec["past_capacity_below"]
+    sweeps = load_points(spec_path)
+    out: dict[str, Any] = {"target": target, "past_capacity_below": past_below, "pipelines": {}}
+    for pipe, systems in sweeps.items():
+        caps = {s: capacity(pts, target) for s, pts in systems.items()}
+        best, open_ = best_baseline(caps)
+        hs = caps[HORIZON]
+        ratio = None
+        if best is not None and hs.bound == "=" and caps[best].bound == "=":
+            ratio = hs.rate / caps[best].rate
+        rows = []
+        for p in systems[HORIZON]:
+            rivals = {s: q for s, pts in systems.items() if s != HORIZON
+                      for q in pts if q.rate == p.rate}  # fmt: skip
+            if not rivals:
+                continue
+            b = max(rivals, key=lambda s: rivals[s].attainment)
+            ba = rivals[b].attainment
+            rows.append({
+                "rate": p.rate,
+                "horizon": p.attainment,
+                "best": b,
+                "best_attainment": ba,
+                "ratio": p.attainment / ba if ba > 0 else None,
+                "headroom_captured": (p.attainment - ba) / (1 - ba) if ba < 1 else None,
+                "vs_vanilla": (p.attainment / rivals[VANILLA].attainment
+                               if VANILLA in rivals and rivals[VANILLA].attainment > 0 else None),
+                "past_capacity": ba <= past_below,
+                "horizon_late_never": [p.late, p.never],
+                "best_late_never": [rivals[b].late, rivals[b].never],
+            })  # fmt: skip
+        out["pipelines"][pipe] = {
+            "label": spec["pipelines"][pipe]["label"],
+            "capacity": {s: asdict(c) for s, c in caps.items()},
+            "best_baseline": best,
+            "not_excluded": open_,
+            "ratio": ratio,
+            "points": {s: [asdict(p) for p in pts] for s, pts in systems.items()},
+            "same_rate": rows,
+        }
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}"
+
+
+def _cap(c: dict[str, Any]) -> Capacity:
+    return Capacity(c["rate"], c["bound"], tuple(c["bracket"]) if c["bracket"] else None)
+
+
+def capacity_md(s: dict[str, Any]) -> str:
+    t = s["target"]
+    lines = [
+        "# Capacity on the H200 (measured)",
+        "",
+        f"Sustainable rate at {100 * t:.0f} % attainment, linear between the two measured rates "
+        "around the crossing; a sweep that does not bracket it gives a bound. Generated by "
+        "`python bench/eval/capacity.py bench/results/h200-eval/capacity/spec.json` from the "
+        "reports' results.json (each recomputed from raw records by report.py); spec.json names "
+        "the items.",
+        "",
+        "| pipeline | HorizonServe | best baseline | ratio | baselines not shown below the best |",
+        "|---|---|---|---|---|",
+    ]
+    for p in s["pipelines"].values():
+        caps = {k: _cap(v) for k, v in p["capacity"].items()}
+        best = p["best_baseline"]
+        best_txt = f"{LABELS[best]} {caps[best].text()}" if best else "—"
+        ratio = f"**{p['ratio']:.2f}×**" if p["ratio"] else "—"
+        open_ = ", ".join(f"{LABELS[o]} ({caps[o].text()})" for o in p["not_excluded"]) or "none"
+        lines.append(f"| {p['label']} | {caps[HORIZON].text()} | {best_txt} | {ratio} | {open_} |")
+    for p in s["pipelines"].values():
+        lines += ["", f"## {p['label']}", "",
+                  "Attainment % at each measured rate (short / long path; repetitions in "
+                  "brackets):",
+                  "", "| system | capacity | " + " | ".join(
+                      f"{r:g} req/s" for r in _rates(p)) + " |",
+                  "|---|---|" + "---|" * len(_rates(p))]  # fmt: skip
+        for system, pts in p["points"].items():
+            by_rate = {q["rate"]: q for q in pts}
+            cells = []
+            for r in _rates(p):
+                q = by_rate.get(r)
+                if q is None:
+                    cells.append("")
+                    continue
+                reps = f" [{', '.join(_pct(x) for x in q['reps'])}]" if len(q["reps"]) > 1 else ""
+                cells.append(
+                    f"{_pct(q['attainment'])} ({_pct(q['short'])} / {_pct(q['long'])}){reps}"
+                )
+            name = f"**{LABELS[system]}**" if system == HORIZON else LABELS[system]
+            cap = _cap(p["capacity"][system]).text()
+            lines.append(f"| {name} | {cap} | " + " | ".join(cells) + " |")
+        lines += ["", "Against the best baseline measured at the same rate:", "",
+                  "| rate | HorizonServe | best there | ratio | headroom captured | vs Vanilla "
+                  "| late / never answered, first run (HS; best) |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in p["same_rate"]:
+            past = " (past capacity)" if row["past_capacity"] else ""
+            ratio = f"{row['ratio']:.2f}×" if row["ratio"] else "—"
+            van = f"{row['vs_vanilla']:.2f}×" if row["vs_vanilla"] else "—"
+            hl, bl = row["horizon_late_never"], row["best_late_never"]
+            lines.append(
+                f"| {row['rate']:g}{past} | {_pct(row['horizon'])} | {LABELS[row['best']]} "
+                f"{_pct(row['best_attainment'])} | {ratio} | {_pct(row['headroom_captured'])} % "
+                f"| {van} | {hl[0]} / {hl[1]}; {bl[0]} / {bl[1]} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _rates(p: dict[str, Any]) -> list[float]:
+    return sorted({q["rate"] for pts in p["points"].values() for q in pts})
+
+
+def plot(s: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pipes = list(s["pipelines"].values())
+    fig, axes = plt.subplots(2, len(pipes), figsize=(5.2 * len(pipes), 7.4), squeeze=False)
+    for col, p in enumerate(pipes):
+        top, bottom = axes[0][col], axes[1][col]
+        for system, pts in p["points"].items():
+            rates = [q["rate"] for q in pts]
+            hs = system == HORIZON
+            style = {"color": COLORS[system], "marker": "o", "lw": 2.4 if hs else 1.4}
+            top.plot(rates, [100 * q["attainment"] for q in pts], label=LABELS[system], **style)
+            if hs or system == p["best_baseline"]:
+                bottom.plot(rates, [100 * q["short"] for q in pts], ls="--",
+                            label=f"{LABELS[system]}, short path", **style)  # fmt: skip
+                bottom.plot(rates, [100 * q["long"] for q in pts], ls=":",
+                            label=f"{LABELS[system]}, long path", **style)  # fmt: skip
+            cap = p["capacity"][system]
+            if cap["bound"] == "=" and (hs or system == p["best_baseline"]):
+                top.axvline(cap["rate"], color=COLORS[system], lw=0.8, ls="--")
+        for ax in (top, bottom):
+            ax.axhline(100 * s["target"], color="k", lw=0.8, ls="--")
+            ax.set_ylim(0, 102)
+            ax.set_xlabel("arrival rate (req/s)")
+            ax.grid(alpha=0.3)
+        ratio = f", capacity {p['ratio']:.2f}×" if p["ratio"] else ""
+        top.set_title(f"{p['label']}{ratio}")
+        top.set_ylabel("SLO attainment, all requests (%)")
+        bottom.set_ylabel("SLO attainment per path (%)")
+        top.legend(fontsize=7, loc="lower left")
+        bottom.legend(fontsize=7, loc="lower left")
+    fig.suptitle("Measured on one H200 (reference engine at model scale, 120-s points)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec", type=Path, help="bench/results/h200-eval/capacity/spec.json")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    s = summarise(args.spec)
+    out = args.spec.parent
+    (out / "capacity.json").write_text(json.dumps(s, indent=1) + "\n")
+    (out / "capacity.md").write_text(capacity_md(s))
+    if not args.no_plot:
+        plot(s, out / "capacity.png")
+    for p in s["pipelines"].values():
+        ratio = f"{p['ratio']:.2f}x" if p["ratio"] else "no ratio (unbracketed)"
+        print(f"{p['label']}: HorizonServe {_cap(p['capacity'][HORIZON]).text()}, "
+              f"best {p['best_baseline']}: {ratio}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
