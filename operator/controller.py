@@ -13,15 +13,16 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
 from horizonserve.operator import builders, reconcile, status
 from horizonserve.operator.claims import Claim, lost_nodes
 from horizonserve.operator.kube import Kube, KubeError
-from horizonserve.operator.models import OmniServiceSpec
+from horizonserve.operator.models import API_VERSION, PLURAL, OmniServiceSpec
 from horizonserve.operator.nodes import GpuNode, Selection, select
 from horizonserve.operator.nodestate import NodeState
 from horizonserve.operator.pods import PodState
@@ -334,6 +335,22 @@ def _deleting(meta: Mapping[str, Any] | None) -> bool:
     return bool((meta or {}).get("deletionTimestamp"))
 
 
+async def owner_live(kube: Kube, owner: builders.Owner) -> bool:
+    """The API server's answer, not the watch's: the OmniService exists, is this uid and is
+    not being deleted. A LIST narrowed to its name (the `list` verb kopf already holds); an
+    API error propagates, so an unanswered check creates nothing."""
+    path = (
+        f"/apis/{API_VERSION}/namespaces/{owner.namespace}/{PLURAL}"
+        f"?fieldSelector={quote(f'metadata.name={owner.name}')}"
+    )
+    _, body = await kube.request("GET", path)
+    for item in (body or {}).get("items") or ():
+        meta = item.get("metadata") or {}
+        if meta.get("name") == owner.name and meta.get("uid") == owner.uid:
+            return not _deleting(meta)
+    return False
+
+
 async def sync_pods(
     state: OperatorState,
     owner: builders.Owner,
@@ -343,9 +360,14 @@ async def sync_pods(
     states_index: Mapping[tuple[str, str], Iterable[NodeState]] | None = None,
     claims_index: Mapping[Any, Iterable[tuple[Claim, Mapping[str, Any]]]] | None = None,
     meta: Mapping[str, Any] | None = None,
+    still_live: Callable[[], Awaitable[bool]] | None = None,
 ) -> reconcile.Plan | None:
     """One reconciliation pass; None when the spec is invalid or the OmniService is being
-    deleted (then nothing is created: its children go with it)."""
+    deleted (then nothing is created: its children go with it).
+
+    `meta` is kopf's view, which trails the API server by a watch event: a pass that began
+    before a deletion (its node ConfigMaps take a while on many nodes) would still create pods
+    after it. `still_live`, when given, is asked once before the pass creates any pod."""
     svc = state.service(owner.namespace, owner.name, owner.uid)
     parsed = state.parsed(svc, raw_spec)
     if not parsed.valid or parsed.spec is None or parsed.config is None:
@@ -406,6 +428,10 @@ async def sync_pods(
         if not svc.errors:
             svc.posted.pop("PodCreationFailed", None)
         return the_plan
+    if the_plan.create and still_live is not None and not await still_live():
+        log.info("%s/%s: being deleted (API server); creating nothing",
+                 owner.namespace, owner.name)  # fmt: skip
+        return None
     errors = await reconcile.execute(
         state.kube, the_plan, build, svc.expectations, time.monotonic,
         stopping=lambda: _deleting(meta),
@@ -509,6 +535,7 @@ async def run_reconciler(
     `body` is kopf's live view: a deletion request seen there stops every further create.
     """
     svc = state.service(owner.namespace, owner.name, owner.uid)
+    live = functools.partial(owner_live, state.kube, owner)
     failures = 0
     while not stopped and not _deleting(body.get("metadata")):
         svc.wake.clear()
@@ -516,7 +543,7 @@ async def run_reconciler(
             ix = indices()
             await sync_pods(
                 state, owner, body.get("spec") or {}, ix.nodes, ix.pods, ix.states, ix.claims,
-                meta=body.get("metadata"),
+                meta=body.get("metadata"), still_live=live,
             )  # fmt: skip
             failures = failures + 1 if svc.errors else 0  # refused writes back off too
         except (TimeoutError, KubeError, OSError, aiohttp.ClientError) as exc:

@@ -7,6 +7,7 @@ API server (schema validation, garbage collection, watches, restarts) is in test
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import kmock
@@ -27,6 +28,7 @@ SPEC = {"pipeline": "qwen2_5_omni", "backend": "reference", "allGpuNodes": True}
 PODS = kmock.resource("v1/pods")
 CONFIGMAPS = kmock.resource("v1/configmaps")
 ROLES = kmock.resource("rbac.authorization.k8s.io/v1/roles")
+OSVCS = kmock.resource("horizonserve.io/v1alpha1/omniservices")
 KEY = calibration_key("Qwen/Qwen2.5-Omni-7B", {})
 
 
@@ -46,6 +48,8 @@ async def state(kmock: kmock.KubernetesEmulator) -> Any:
         kmock.resources[res] = {}
     for res in ("roles", "rolebindings"):
         kmock.resources[f"rbac.authorization.k8s.io/v1/{res}"] = {}
+    kmock.resources["horizonserve.io/v1alpha1/omniservices"] = {}
+    kmock.objects[OSVCS, "ns", "svc"] = _body()
     kube = Kube(str(kmock.url))
     st = controller.OperatorState(settings.OperatorConfig(serving_image="img:1"), kube)
     yield st
@@ -278,6 +282,41 @@ async def test_deleting_omniservice_creates_nothing(kmock, state) -> None:
     meta = {**_body()["metadata"], "deletionTimestamp": "2026-01-01T00:00:01Z"}
     assert await controller.sync_pods(state, OWNER, SPEC, _nodes("g1"), {}, meta=meta) is None
     assert len(kmock["post"]) == 0
+
+
+async def test_owner_live_asks_the_api_server(kmock, state) -> None:
+    assert await controller.owner_live(state.kube, OWNER)
+    # another object of the same name (deleted and created again) is not this owner
+    assert not await controller.owner_live(state.kube, dataclasses.replace(OWNER, uid="uid-0"))
+    kmock.objects[OSVCS, "ns", "svc"].patch(
+        {"metadata": {"deletionTimestamp": "2026-01-01T00:00:01Z"}}
+    )
+    assert not await controller.owner_live(state.kube, OWNER)
+
+
+async def test_a_pass_kopf_has_not_seen_deleted_yet_creates_no_pod(kmock, state) -> None:
+    asked = []
+
+    async def deleted_meanwhile() -> bool:  # the API server says so; kopf's meta does not yet
+        asked.append(True)
+        return False
+
+    meta = _body()["metadata"]
+    got = await controller.sync_pods(
+        state, OWNER, SPEC, _nodes("g1", "g2"), {}, meta=meta, still_live=deleted_meanwhile
+    )
+    assert got is None and asked == [True]
+    assert _live_pods(kmock) == set()
+    # a pass with nothing to create does not ask
+    ix = _ix(kmock, "g1", "g2")
+    await controller.sync_pods(state, OWNER, SPEC, ix.nodes, ix.pods, ix.states, meta=meta)
+    ix = _ix(kmock, "g1", "g2")
+    assert len(_live_pods(kmock)) == 2
+    again = await controller.sync_pods(
+        state, OWNER, SPEC, ix.nodes, _index_from_kmock(kmock), ix.states, meta=meta,
+        still_live=deleted_meanwhile,
+    )  # fmt: skip
+    assert again is not None and again.empty and asked == [True]
 
 
 async def test_invalid_spec_and_pod_refusals_post_events_once(kmock, state) -> None:
