@@ -90,47 +90,110 @@ def best_baseline(caps: dict[str, Capacity]) -> tuple[str | None, list[str]]:
     return best, open_
 
 
+class Reports:
+    """The reports' results.json, each read once; builds a point from the items the spec names."""
+
+    def __init__(self, spec_path: Path) -> None:
+        self.spec_path = spec_path
+        self.root = spec_path.resolve().parent.parent
+        self._results: dict[str, dict[str, Any]] = {}
+
+    def point(self, where: str, x: float, ids: tuple[str, ...], sources: list[str]) -> Point:
+        """The mean of `sources` (REPORT/ITEM), each an item of one of the point ids `ids`
+        (`r6`, `r6-l60`) and of the system `where` names last."""
+        system = where.rsplit(" ", 1)[-1]
+        items = []
+        for src in sources:
+            report, item = src.split("/", 1)
+            if report not in self._results:
+                path = self.root / report / "results.json"
+                self._results[report] = json.loads(path.read_text())
+            try:
+                items.append(self._results[report]["items"][item])
+            except KeyError:
+                raise SystemExit(
+                    f"{self.spec_path}: {where}: {src} is not in {report}/results.json "
+                    "(run report.py there)"
+                ) from None
+            pid, item_system, _rep = item.split("/")
+            if pid not in ids or item_system != system:
+                raise SystemExit(
+                    f"{self.spec_path}: {where}: {src} is another point's or system's item "
+                    f"(expected {' or '.join(ids)} of {system})"
+                )
+        first = items[0]
+        return Point(
+            rate=x,
+            attainment=statistics.fmean(i["attainment"] for i in items),
+            short=statistics.fmean(i["short_attainment"] for i in items),
+            long=statistics.fmean(i["long_attainment"] for i in items),
+            reps=tuple(i["attainment"] for i in items),
+            late=first["short_late"] + first["long_late"],
+            never=first["short_never"] + first["long_never"],
+            sources=tuple(sources),
+        )
+
+
 def load_points(spec_path: Path) -> dict[str, dict[str, list[Point]]]:
-    """Every pipeline's sweeps: system → points, read from the reports the spec names."""
+    """Every pipeline's rate sweeps: system → points, read from the reports the spec names."""
     spec = json.loads(spec_path.read_text())
-    root = spec_path.resolve().parent.parent
-    results: dict[str, dict[str, Any]] = {}
+    reports = Reports(spec_path)
     out: dict[str, dict[str, list[Point]]] = {}
     for pipe, p in spec["pipelines"].items():
         out[pipe] = {}
         for system, rates in p["systems"].items():
-            pts = []
-            for rate, sources in rates.items():
-                items = []
-                for src in sources:
-                    report, item = src.split("/", 1)
-                    if report not in results:
-                        results[report] = json.loads((root / report / "results.json").read_text())
-                    try:
-                        items.append(results[report]["items"][item])
-                    except KeyError:
-                        raise SystemExit(
-                            f"{spec_path}: {pipe} {system} {rate}: {src} is not in "
-                            f"{report}/results.json (run report.py there)"
-                        ) from None
-                    if not item.startswith(f"r{rate}/{system}/"):
-                        raise SystemExit(
-                            f"{spec_path}: {pipe} {system} {rate}: {src} is another "
-                            "rate's or system's item"
-                        )
-                first = items[0]
-                pts.append(Point(
-                    rate=float(rate),
-                    attainment=statistics.fmean(i["attainment"] for i in items),
-                    short=statistics.fmean(i["short_attainment"] for i in items),
-                    long=statistics.fmean(i["long_attainment"] for i in items),
-                    reps=tuple(i["attainment"] for i in items),
-                    late=first["short_late"] + first["long_late"],
-                    never=first["short_never"] + first["long_never"],
-                    sources=tuple(sources),
-                ))  # fmt: skip
+            pts = [
+                reports.point(f"{pipe} {rate} req/s {system}", float(rate), (f"r{rate}",), src)
+                for rate, src in rates.items()
+            ]
             out[pipe][system] = sorted(pts, key=lambda x: x.rate)
     return out
+
+
+def load_long_path(spec_path: Path) -> dict[str, dict[str, Any]]:
+    """Every pipeline's long-path sweep at one rate: share → system → point (`rate` holds the
+    share). The default mix's share is also its plain rate point (the same requests)."""
+    spec = json.loads(spec_path.read_text())
+    reports = Reports(spec_path)
+    out: dict[str, dict[str, Any]] = {}
+    for pipe, p in spec["pipelines"].items():
+        sweep = p.get("long_path")
+        if sweep is None:
+            continue
+        rate, default = sweep["rate"], sweep["default_share"]
+        shares: dict[str, dict[str, Point]] = {}
+        for share, systems in sweep["shares"].items():
+            x = float(share)
+            ids = (f"r{rate}-l{round(100 * x)}", *((f"r{rate}",) if x == default else ()))
+            shares[share] = {
+                system: reports.point(f"{pipe} {share} long {system}", x, ids, src)
+                for system, src in systems.items()
+            }
+        out[pipe] = {"rate": rate, "default_share": default, "shares": shares}
+    return out
+
+
+def compare(points: dict[str, Point], past_below: float) -> dict[str, Any] | None:
+    """HorizonServe against the best baseline measured at the same point (None: no rival)."""
+    hs = points.get(HORIZON)
+    rivals = {s: q for s, q in points.items() if s != HORIZON}
+    if hs is None or not rivals:
+        return None
+    b = max(rivals, key=lambda s: rivals[s].attainment)
+    ba = rivals[b].attainment
+    van = rivals.get(VANILLA)
+    return {
+        "rate": hs.rate,
+        "horizon": hs.attainment,
+        "best": b,
+        "best_attainment": ba,
+        "ratio": hs.attainment / ba if ba > 0 else None,
+        "headroom_captured": (hs.attainment - ba) / (1 - ba) if ba < 1 else None,
+        "vs_vanilla": hs.attainment / van.attainment if van and van.attainment > 0 else None,
+        "past_capacity": ba <= past_below,
+        "horizon_late_never": [hs.late, hs.never],
+        "best_late_never": [rivals[b].late, rivals[b].never],
+    }
 
 
 def summarise(spec_path: Path) -> dict[str, Any]:
@@ -138,6 +201,7 @@ def summarise(spec_path: Path) -> dict[str, Any]:
     spec = json.loads(spec_path.read_text())
     target, past_below = spec["target"], spec["past_capacity_below"]
     sweeps = load_points(spec_path)
+    long_path = load_long_path(spec_path)
     root = spec_path.resolve().parent.parent
     out: dict[str, Any] = {"target": target, "past_capacity_below": past_below, "pipelines": {}}
     for pipe, systems in sweeps.items():
@@ -149,25 +213,10 @@ def summarise(spec_path: Path) -> dict[str, Any]:
             ratio = hs.rate / caps[best].rate
         rows = []
         for p in systems[HORIZON]:
-            rivals = {s: q for s, pts in systems.items() if s != HORIZON
-                      for q in pts if q.rate == p.rate}  # fmt: skip
-            if not rivals:
-                continue
-            b = max(rivals, key=lambda s: rivals[s].attainment)
-            ba = rivals[b].attainment
-            rows.append({
-                "rate": p.rate,
-                "horizon": p.attainment,
-                "best": b,
-                "best_attainment": ba,
-                "ratio": p.attainment / ba if ba > 0 else None,
-                "headroom_captured": (p.attainment - ba) / (1 - ba) if ba < 1 else None,
-                "vs_vanilla": (p.attainment / rivals[VANILLA].attainment
-                               if VANILLA in rivals and rivals[VANILLA].attainment > 0 else None),
-                "past_capacity": ba <= past_below,
-                "horizon_late_never": [p.late, p.never],
-                "best_late_never": [rivals[b].late, rivals[b].never],
-            })  # fmt: skip
+            at_rate = {s: q for s, pts in systems.items() for q in pts if q.rate == p.rate}
+            row = compare(at_rate, past_below)
+            if row is not None:
+                rows.append(row)
         out["pipelines"][pipe] = {
             "label": spec["pipelines"][pipe]["label"],
             "capacity": {s: asdict(c) for s, c in caps.items()},
@@ -177,8 +226,23 @@ def summarise(spec_path: Path) -> dict[str, Any]:
             "points": {s: [asdict(p) for p in pts] for s, pts in systems.items()},
             "same_rate": rows,
             "simulated": _simulated(root, spec["pipelines"][pipe].get("sim_plan"), caps),
+            "long_path": _long_path_rows(long_path.get(pipe), past_below),
+            "notes": spec["pipelines"][pipe].get("notes", []),
         }
     return out
+
+
+def _long_path_rows(sweep: dict[str, Any] | None, past_below: float) -> dict[str, Any] | None:
+    if sweep is None:
+        return None
+    return {
+        "rate": sweep["rate"],
+        "default_share": sweep["default_share"],
+        "points": {
+            share: {s: asdict(p) for s, p in pts.items()} for share, pts in sweep["shares"].items()
+        },
+        "compare": {share: compare(pts, past_below) for share, pts in sweep["shares"].items()},
+    }
 
 
 def _simulated(root: Path, sim_plan: str | None, caps: dict[str, Capacity]) -> dict[str, Any]:
@@ -269,7 +333,43 @@ def capacity_md(s: dict[str, Any]) -> str:
                 f"{_pct(row['best_attainment'])} | {ratio} | {_pct(row['headroom_captured'])} % "
                 f"| {van} | {hl[0]} / {hl[1]}; {bl[0]} / {bl[1]} |"
             )
+        if p["long_path"]:
+            lines += _long_path_md(p["long_path"])
+        if p["notes"]:
+            lines += ["", *(f"* {n}" for n in p["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _long_path_md(lp: dict[str, Any]) -> list[str]:
+    shares = sorted(lp["points"], key=float)
+    systems = list(dict.fromkeys(s for sh in shares for s in lp["points"][sh]))
+    lines = ["", f"Long-path sweep at {lp['rate']:g} req/s (share of long-path requests; the "
+             f"default mix is the {100 * lp['default_share']:.0f} % point, the same requests "
+             "as the rate sweep's), attainment % (short / long path):", "",
+             "| system | " + " | ".join(f"{100 * float(sh):.0f} %" for sh in shares) + " |",
+             "|---|" + "---|" * len(shares)]  # fmt: skip
+    for system in systems:
+        cells = []
+        for sh in shares:
+            q = lp["points"][sh].get(system)
+            cells.append(
+                ""
+                if q is None
+                else f"{_pct(q['attainment'])} ({_pct(q['short'])} / {_pct(q['long'])})"
+            )
+        name = f"**{LABELS[system]}**" if system == HORIZON else LABELS[system]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = []
+    for sh in shares:
+        row = lp["compare"][sh]
+        cells.append(
+            "not measured"
+            if row is None
+            else f"{row['ratio']:.2f}× {LABELS[row['best']]}, headroom "
+            f"{_pct(row['headroom_captured'])} %"
+        )
+    lines.append("| HS / best there | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _sim_cell(sim: dict[str, Any], systems: list[str | None]) -> str:

@@ -72,9 +72,32 @@ def test_a_spec_naming_an_item_of_another_rate_is_refused(tmp_path: Path) -> Non
     body = {"target": 0.9, "past_capacity_below": 0.3, "pipelines": {"p": {
         "label": "P", "systems": {"horizon": {"10": ["rep/r8/horizon/rep1"]}}}}}  # fmt: skip
     spec.write_text(json.dumps(body))
-    with pytest.raises(SystemExit, match="another rate's or system's item"):
+    with pytest.raises(SystemExit, match="another point's or system's item"):
         cap.load_points(spec)
     body["pipelines"]["p"]["systems"]["horizon"] = {"8": ["rep/r8/horizon/rep2"]}
     spec.write_text(json.dumps(body))
     with pytest.raises(SystemExit, match=r"is not in rep/results\.json"):
         cap.load_points(spec)
+
+
+def test_long_path_points_take_the_default_mix_point_for_its_share(tmp_path: Path) -> None:
+    item = {"attainment": 0.8, "short_attainment": 1.0, "long_attainment": 0.5,
+            "short_late": 1, "long_late": 2, "short_never": 0, "long_never": 3}  # fmt: skip
+    items = {"r6/horizon/rep1": item, "r6-l60/horizon/rep1": {**item, "attainment": 0.6}}
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "results.json").write_text(json.dumps({"items": items}))
+    spec = tmp_path / "capacity" / "spec.json"
+    spec.parent.mkdir()
+    shares = {"0.3": {"horizon": ["rep/r6/horizon/rep1"]},
+              "0.6": {"horizon": ["rep/r6-l60/horizon/rep1"]}}  # fmt: skip
+    body = {"pipelines": {"p": {"label": "P", "systems": {}, "long_path": {
+        "rate": 6, "default_share": 0.3, "shares": shares}}}}  # fmt: skip
+    spec.write_text(json.dumps(body))
+    got = cap.load_long_path(spec)["p"]["shares"]
+    assert got["0.3"]["horizon"].attainment == 0.8 and got["0.6"]["horizon"].attainment == 0.6
+    assert got["0.6"]["horizon"].late == 3 and got["0.6"]["horizon"].never == 3
+    # the plain rate point is the default share's only: at 60 % it is refused
+    shares["0.6"]["horizon"] = ["rep/r6/horizon/rep1"]
+    spec.write_text(json.dumps(body))
+    with pytest.raises(SystemExit, match="expected r6-l60 of horizon"):
+        cap.load_long_path(spec)
