@@ -21,6 +21,7 @@ the ratio is given only where both capacities are bracketed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -75,6 +76,16 @@ def capacity(points: list[Point], target: float) -> Capacity:
         rate = q.rate + (p.rate - q.rate) * (q.attainment - target) / (q.attainment - p.attainment)
         return Capacity(rate, "=", (q.rate, p.rate))
     return Capacity(pts[-1].rate, ">=", None)
+
+
+def rep_range(points: list[Point], target: float) -> tuple[float, float]:
+    """The capacity read from every point's lowest, then highest repetition: the spread of
+    the repeated points carried into the capacity (equal ends where nothing is repeated)."""
+    ends = []
+    for pick in (min, max):
+        pts = [dataclasses.replace(p, attainment=pick(p.reps)) for p in points]
+        ends.append(capacity(pts, target).rate)
+    return ends[0], ends[1]
 
 
 def best_baseline(caps: dict[str, Capacity]) -> tuple[str | None, list[str]]:
@@ -208,9 +219,11 @@ def summarise(spec_path: Path) -> dict[str, Any]:
         caps = {s: capacity(pts, target) for s, pts in systems.items()}
         best, open_ = best_baseline(caps)
         hs = caps[HORIZON]
-        ratio = None
+        ratio, ratio_range = None, None
         if best is not None and hs.bound == "=" and caps[best].bound == "=":
             ratio = hs.rate / caps[best].rate
+            lo, hi = rep_range(systems[HORIZON], target), rep_range(systems[best], target)
+            ratio_range = (lo[0] / hi[1], lo[1] / hi[0])
         rows = []
         for p in systems[HORIZON]:
             at_rate = {s: q for s, pts in systems.items() for q in pts if q.rate == p.rate}
@@ -223,6 +236,7 @@ def summarise(spec_path: Path) -> dict[str, Any]:
             "best_baseline": best,
             "not_excluded": open_,
             "ratio": ratio,
+            "ratio_range": ratio_range,
             "points": {s: [asdict(p) for p in pts] for s, pts in systems.items()},
             "same_rate": rows,
             "simulated": _simulated(root, spec["pipelines"][pipe].get("sim_plan"), caps),
@@ -290,6 +304,9 @@ def capacity_md(s: dict[str, Any]) -> str:
         best = p["best_baseline"]
         best_txt = f"{LABELS[best]} {caps[best].text()}" if best else "—"
         ratio = f"**{p['ratio']:.2f}×**" if p["ratio"] else "—"
+        lo, hi = p["ratio_range"] or (None, None)
+        if lo is not None and f"{lo:.2f}" != f"{hi:.2f}":
+            ratio += f" ({lo:.2f}–{hi:.2f} over the repetitions)"
         open_ = ", ".join(f"{LABELS[o]} ({caps[o].text()})" for o in p["not_excluded"]) or "none"
         lines.append(
             f"| {p['label']} | {caps[HORIZON].text()} | {best_txt} | {ratio} | {open_} "

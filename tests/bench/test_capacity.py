@@ -101,3 +101,13 @@ def test_long_path_points_take_the_default_mix_point_for_its_share(tmp_path: Pat
     spec.write_text(json.dumps(body))
     with pytest.raises(SystemExit, match="expected r6-l60 of horizon"):
         cap.load_long_path(spec)
+
+
+def test_rep_range_reads_the_capacity_from_the_lowest_and_highest_runs() -> None:
+    p8 = cap.Point(8, 0.938, 1, 1, (0.938,), 0, 0, ())
+    p10 = cap.Point(10, 0.8935, 1, 1, (0.889, 0.898), 0, 0, ())
+    lo, hi = cap.rep_range([p8, p10], 0.9)
+    assert lo == pytest.approx(8 + 2 * 0.038 / 0.049)
+    assert hi == pytest.approx(8 + 2 * 0.038 / 0.040)  # 89.8 %: still below 90 %
+    assert lo < cap.capacity([p8, p10], 0.9).rate < hi
+    assert cap.rep_range([p8], 0.9) == (8, 8)  # nothing repeated, nothing bracketed: one end
