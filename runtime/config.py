@@ -337,6 +337,15 @@ class ControlParams(_Model):
         "make shorter ones miss. Where every request can start in time it is deadline order. "
         "Needs downstream_admission. Off: deadline order alone.",
     )
+    saturated_downstream_first: bool = Field(
+        True,
+        description="Under the slack split, a downstream stage whose places are all taken "
+        "while requests wait for one counts as the most urgent side (after the shared "
+        "stage's own waiting short-path or protected prompts): it is then the bottleneck, and "
+        "its step time decides how many requests start in time, so it gets the configuration "
+        "calibration chose for an urgent downstream side (the reservation where that pays). "
+        "Needs downstream_admission. Off: its most urgent request's slack decides.",
+    )
     reject_late: bool = Field(
         False,
         description="Refuse a long-path request at hand-off once it can no longer meet its "
@@ -391,6 +400,7 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "late_phase_yield": False,
     "place_admission": False,
     "deadline_order": False,
+    "saturated_downstream_first": False,
 }
 
 

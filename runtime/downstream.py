@@ -39,12 +39,22 @@ a yielded step frees no place, and a stream paced at real time holds its place f
 its audio, so yielding while requests queue for places would turn the stage's throughput into
 waiting.
 `realtime_streams` is how many streams a stage can keep at real time; admission stops there.
+
+Saturation (`reported_slack`). What a stage tells the shared stage's slack split is its most
+urgent pending first output's slack ratio. While every place is taken and requests that can
+still meet their deadlines wait for one, the stage is the pipeline's bottleneck: its step time,
+not any one request's slack, decides how many of them start in time (a place frees only when a
+stream or a job ends). Under `ControlParams.saturated_downstream_first` it then reports
+`SATURATED` (−inf): below every finite slack, so the split gives it the configuration
+calibration chose for an urgent downstream side, and level with the shared side's own −inf (a
+short-path or protected prompt waiting), which keeps its SMs.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +65,24 @@ from horizonserve.runtime.profiler import MIN_REMAINING_S, RequestSignals
 T = TypeVar("T")
 
 PLACE_HORIZON = 32  # meetable requests `place_order` considers (the rest keep deadline order)
+SATURATED = -math.inf  # the slack a saturated stage reports (`reported_slack`)
+
+
+Slack = TypeVar("Slack", float, "float | None")  # an engine's "none pending": NaN or None
+
+
+def reported_slack(
+    slack: Slack, places_full: bool, queue_slack: float | None, saturated_first: bool
+) -> Slack:
+    """The slack ratio a downstream stage publishes to the split: `slack` (its most urgent
+    pending first output's, in the engine's own form), or `SATURATED` under
+    `saturated_first` while every place is taken (`places_full`) and the queue's next
+    admission can still start in time (its slack ratio `queue_slack` ≥ 1: now ≤ its
+    `late_at`). A queue of late requests only does not count: past capacity they have missed
+    already, and SMs taken for them would cost the shared stage's on-time requests."""
+    if saturated_first and places_full and queue_slack is not None and queue_slack >= 1.0:
+        return SATURATED
+    return slack
 
 
 def place_order(

@@ -93,6 +93,7 @@ class SchedulingPolicy:
         "preemption",
         "profiler",
         "reject_late",
+        "saturated_first",
         "slack_split",
         "spatial",
         "temporal",
@@ -122,6 +123,11 @@ class SchedulingPolicy:
         self.place_admission = self.downstream_control and control.place_admission
         # The engines compute the slack inputs of `step` only when the split reads them.
         self.slack_split = t.throttling and control.slack_split
+        # Downstream stages report SATURATED while their places are full and requests wait
+        # (runtime.downstream.reported_slack); only the split reads it.
+        self.saturated_first = (
+            self.downstream_control and self.slack_split and control.saturated_downstream_first
+        )
         self._hold_s = control.shared_hold_s
         self._backlog_at = -math.inf  # when the running set was last full with requests waiting
         # Playback yielding is part of downstream control; None: streams never yield.

@@ -4,7 +4,8 @@ seed, on the shipped (fitted H200) artifact.
 A mechanism passes where, at every rate, the mean loss against its "off" variant is within
 the seed-to-seed spread (the largest per-seed difference minus the smallest).
 
-    python bench/sim/never_worse.py [--pipelines qwen2_5_omni,bagel] [--seeds 4] > out.txt
+    python bench/sim/never_worse.py [--pipelines qwen2_5_omni,bagel] [--seeds 4]
+        [--mechanisms "saturated first,place admission"] > out.txt
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "late phase yield": ("horizon", {"late_phase_yield": False}),
     "place admission": ("horizon", {"place_admission": False}),
     "deadline order": ("horizon", {"deadline_order": False}),
+    "saturated first": ("horizon", {"saturated_downstream_first": False}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
 OPT_IN: dict[str, dict[str, Any]] = {"reject late": {"reject_late": True}}
@@ -71,13 +73,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--mechanisms", help="comma-separated rows to run (default: all)")
     args = ap.parse_args()
     pipes = [p for p in args.pipelines.split(",") if p]
+    rows = (*OFF, *OPT_IN)
+    if args.mechanisms:
+        rows = tuple(m for m in args.mechanisms.split(",") if m)
+        unknown = [m for m in rows if m not in OFF and m not in OPT_IN]
+        if unknown:
+            ap.error(f"--mechanisms: unknown {unknown}; known: {', '.join((*OFF, *OPT_IN))}")
     print(f"SIMULATED, never-worse per mechanism, {args.seeds} seeds, {args.duration:g}-s points")
     jobs = [
         (p, v, r, s, args.duration)
         for p in pipes
-        for v in ("on", *OFF, *OPT_IN)
+        for v in ("on", *rows)
         for r in RATES[p]
         for s in range(args.seeds)
     ]
@@ -92,7 +101,7 @@ def main() -> None:
               f"{ctl.reservation_pays})\n")  # fmt: skip
         print("| mechanism | " + " | ".join(f"{r:g} req/s" for r in RATES[p]) + " | verdict |")
         print("|---" * (len(RATES[p]) + 2) + "|")
-        for v in (*OFF, *OPT_IN):
+        for v in rows:
             with_it, without = (v, "on") if v in OPT_IN else ("on", v)
             cells, ok = [], True
             for r in RATES[p]:
@@ -106,7 +115,8 @@ def main() -> None:
             if not ok:
                 failures.append(f"{p}/{v}")
             print(f"| {v} | " + " | ".join(cells) + f" | {verdict} |")
-    opt_in = f"; opt-in rows ({', '.join(OPT_IN)}): with it − as shipped" if OPT_IN else ""
+    opt = [m for m in rows if m in OPT_IN]
+    opt_in = f"; opt-in rows ({', '.join(opt)}): with it − as shipped" if opt else ""
     print(
         "\ncells: mean of (with the mechanism − without) over seeds, pp ± the seed-to-seed spread"
         " of that difference" + opt_in

@@ -53,7 +53,13 @@ from collections import deque
 from collections.abc import Callable
 
 from horizonserve.runtime.batch_admission import StepTimes, Work, choose_batch
-from horizonserve.runtime.downstream import AdmissionQueue, FifoQueue, SlackQueue, Stamp
+from horizonserve.runtime.downstream import (
+    AdmissionQueue,
+    FifoQueue,
+    SlackQueue,
+    Stamp,
+    reported_slack,
+)
 from horizonserve.runtime.sim.model import DownstreamCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
 
@@ -116,6 +122,7 @@ class FluidStage:
         "reject_late",
         "rejected",
         "s_per_step",
+        "saturated_first",
         "schedule",
         "steps_per_audio_s",
         "t_last",
@@ -136,6 +143,7 @@ class FluidStage:
         reject_late: bool = False,
         last: bool = False,
         places: bool = False,
+        saturated_first: bool = False,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -153,6 +161,7 @@ class FluidStage:
         self.rejected = 0
         # Place-aware admission (runtime.downstream.place_order), at the last step rate seen.
         self.places = places
+        self.saturated_first = saturated_first  # report SATURATED when full with waiters
         self.s_per_step = 0.0
         self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
         self.playing: list[Job] = []  # jobs in service whose first chunk is out
@@ -362,8 +371,9 @@ class FluidStage:
     def min_slack(self, now: float) -> float | None:
         """The smallest slack ratio among this stage's requests whose first output is pending:
         the queue's next admission and the head jobs in service (r̂ = the stamp's estimate
-        scaled by the share of first-output work left)."""
-        best = self.queue.peek_slack(now)
+        scaled by the share of first-output work left); `SATURATED` instead while every place
+        is taken and an on-time request waits for one (`reported_slack`)."""
+        best = queued = self.queue.peek_slack(now)
         if self.awaiting:
             self.advance(now)
             v = self.v
@@ -375,7 +385,8 @@ class FluidStage:
                 u = stamp.slack_ratio(now, stamp.downstream_s * max(left, 0.0) / first)
                 if best is None or u < best:
                     best = u
-        return best
+        full = self.in_service >= self.admit_limit
+        return reported_slack(best, full, queued, self.saturated_first)
 
     def submit(self, job: Job, now: float) -> None:
         """A job arrives; the caller re-rates the stage afterwards (`rerate`)."""

@@ -180,6 +180,7 @@ class Simulator:
             reject_late=self.policy.reject_late and i == 0,  # refused at the hand-off
             places=self.policy.place_admission and cal.work_per_audio_second > 0,
             last=i == len(self.setup.cal.downstream) - 1,  # batch choice (sim.downstream)
+            saturated_first=self.policy.saturated_first,
         )
 
     # -- requests ------------------------------------------------------------------------------

@@ -265,6 +265,30 @@ def test_downstream_slack_reaches_the_shared_stage_split(stage, build, clock):
     assert thinker.horizon.last_decision.sm.level == 3  # Eq. (1) at unknown pressure: S_cap
 
 
+def test_a_saturated_talker_takes_the_split_unless_a_prompt_waits(stage, build, clock):
+    """Every talker place taken while an on-time request waits for one: the talker publishes
+    SATURATED (runtime.downstream.reported_slack) and gets the reservation however much slack
+    the shared side's requests have; a waiting protected prompt still keeps the shared SMs. A
+    late waiter (the test above) publishes its slack instead."""
+    from horizonserve.runtime.downstream import SATURATED
+    from horizonserve.runtime.engine.vllm_omni import shared
+    from horizonserve.runtime.spatial import Level
+
+    talker, config = stage("talker", max_num_seqs=1)
+    arrive(talker, config, clock, [("A", 0.0)], max_tokens=50)
+    run_step(talker)  # A holds the only place
+    arrive(talker, config, clock, [("W", 1.0)], max_tokens=1)  # 8 s left against 0.153 s
+    run_step(talker)
+    record = shared.control_record()
+    assert record.downstream_min_slack(clock.now_ns, 2_000_000_000) == SATURATED
+    thinker, _ = build(max_num_seqs=8)
+    run_step(thinker)
+    assert thinker.horizon.last_decision.sm.level == Level.RESERVED
+    thinker.add_request(stamped(config, "S0", 8, 0, clock.now_ns - 95_000_000))  # protected
+    run_step(thinker)
+    assert thinker.horizon.last_decision.sm.level != Level.RESERVED
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "horizon-no-downstream"])
 def test_without_downstream_control_no_slack_is_published(stage, clock, policy):
     from horizonserve.runtime.engine.vllm_omni import shared

@@ -76,6 +76,7 @@ from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARS
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
 from horizonserve.runtime.config import PolicyName, ServingConfig
+from horizonserve.runtime.downstream import reported_slack
 from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
@@ -803,11 +804,13 @@ class DownstreamStage:
         self.stamps: dict[str, Stamp | None] = {}
         self._last_active = -1
         self.admission: DownstreamAdmission | None = None
+        self.saturated_first = False  # report SATURATED while full with waiters
         if config is not None:
-            queue = make_policy(config.policy, config).downstream_queue()
+            policy = make_policy(config.policy, config)
             self.admission = DownstreamAdmission(
-                queue, first_stage=stage_id == 1, clock_ns=self._now_ns
+                policy.downstream_queue(), first_stage=stage_id == 1, clock_ns=self._now_ns
             )
+            self.saturated_first = policy.saturated_first
         self.clock_ns = clock_ns
 
     def _now_ns(self) -> int:
@@ -833,13 +836,19 @@ class DownstreamStage:
         if self.admission is not None:
             self.admission.on_leave(request)
 
-    def publish(self, active: int, running: list | None = None) -> None:
+    def publish(self, active: int, running: list | None = None, saturated: bool = False) -> None:
         """Requests this stage is running and the smallest slack ratio of a first output still
-        pending here (the shared stage's slack split reads it); refreshed every step (it is
-        also the heartbeat)."""
+        pending here, or SATURATED while `saturated` (no free place while requests wait) and
+        the next admission can still start in time (`reported_slack`); the shared stage's
+        slack split reads it. Refreshed every step (it
+        is also the heartbeat)."""
         if self.writer is not None:
             now_ns = self.clock_ns()
-            slack = self.min_slack(now_ns * 1e-9, running or ())
+            now = now_ns * 1e-9
+            slack = self.min_slack(now, running or ())
+            if self.saturated_first and self.admission is not None:
+                queued = self.admission.queue.peek_slack(now)
+                slack = reported_slack(slack, saturated, queued, self.saturated_first)
             self.writer.set_active(active, now_ns, math.nan if slack is None else slack)
         self._last_active = active
 
@@ -907,8 +916,12 @@ class DownstreamHooks:
         if admission is not None:
             admission.after_schedule(self, out)
         if down is not None:
-            down.publish(len(self.running), self.running)  # type: ignore[attr-defined]
+            down.publish(len(self.running), self.running, self._hs_saturated())  # type: ignore[attr-defined]
         return out
+
+    def _hs_saturated(self) -> bool:
+        queued = len(self.waiting) + len(self.skipped_waiting)  # type: ignore[attr-defined]
+        return backlogged(self, queued)
 
     @property
     def hs_admission(self) -> DownstreamAdmission | None:
@@ -918,7 +931,9 @@ class DownstreamHooks:
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         if self._hs_down is not None:
-            self._hs_down.publish(len(self.running), self.running)  # type: ignore[attr-defined]
+            self._hs_down.publish(  # type: ignore[attr-defined]
+                len(self.running), self.running, self._hs_saturated()
+            )  # type: ignore[attr-defined]
         return out
 
 

@@ -3,6 +3,7 @@ deploy description's sizes, code2wav's batch limit and order, abort and cancel t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from horizonserve.runtime.downstream import Stamp  # noqa: E402
+from horizonserve.runtime.downstream import SATURATED, Stamp  # noqa: E402
 from horizonserve.runtime.engine.reference.ar import ArExecutor  # noqa: E402
 from horizonserve.runtime.engine.reference.models import (  # noqa: E402
     Code2Wav,
@@ -38,7 +39,10 @@ PRESET = replace(get_preset("tiny"), first_chunk=3, code_chunk=2, code2wav_max_b
 
 
 def _talker(
-    chunks: list[CodeChunk], slots: int | None = None, clock: Callable[[], float] | None = None
+    chunks: list[CodeChunk],
+    slots: int | None = None,
+    clock: Callable[[], float] | None = None,
+    rules: DownstreamRules | None = None,
 ) -> SpeechStage:
     """A tiny talker on CPU; `slots` places (the preset's by default), `clock` its clock."""
     preset = PRESET
@@ -51,7 +55,9 @@ def _talker(
         lambda: torch.nn.Linear(preset.thinker.hidden, preset.talker.hidden), CPU, torch.float32
     )
     timing = {} if clock is None else {"clock": clock}
-    return SpeechStage(talker, proj, preset, emit=lambda _ev: None, send=chunks.append, **timing)
+    return SpeechStage(
+        talker, proj, preset, emit=lambda _ev: None, send=chunks.append, rules=rules, **timing
+    )
 
 
 class Clock:
@@ -147,6 +153,27 @@ def test_code2wav_reports_its_pending_first_chunks_as_slack() -> None:
     stage.iterate()
     stage.submit(_chunk("a", 1, 2))
     assert stage.min_slack() != stage.min_slack()  # a later chunk is not a first output
+
+
+def test_a_full_talker_with_an_on_time_request_waiting_reports_itself_saturated() -> None:
+    clock = Clock()
+    rules = DownstreamRules(slack=True, saturated_first=True)
+    stage = _talker([], slots=1, clock=clock, rules=rules)
+    plain = _talker([], slots=1, clock=clock, rules=DownstreamRules(slack=True))
+
+    def handoff(rid: str, deadline: float) -> Handoff:
+        cond = WireTensor.of(torch.zeros(4, PRESET.thinker.hidden))
+        return Handoff(rid, 1.0, cond, 40, Stamp(rid, "speech", 10, 1.0, deadline, 1.0))
+
+    for st in (stage, plain):
+        st.submit(handoff("a", 150.0))
+        st.iterate()  # "a" takes the one place
+        assert st.min_slack() > 0  # nobody waits: its own first chunk's slack
+        st.submit(handoff("b", 150.0))  # on time (150 - 100 s left against 1 s of work)
+    assert stage.min_slack() == SATURATED
+    assert math.isfinite(plain.min_slack()) and plain.min_slack() > 0  # off: the slack itself
+    clock.t = 149.5  # "b" can no longer start in time: a late waiter does not count
+    assert stage.min_slack() != SATURATED
 
 
 def test_code2wav_abort_and_cancel_drop_streams_and_their_queued_chunks() -> None:

@@ -32,6 +32,7 @@ class DownstreamRules:
     yield_margin_s: float | None = None  # started streams above this credit yield (None: never)
     reject_late: bool = False  # refuse a request that can no longer meet its deadline
     places: bool = False  # list candidates in the place-aware order (`StageQueue.ordered`)
+    saturated_first: bool = False  # report SATURATED while full with waiters (`reported_slack`)
 
 
 def downstream_rules(
@@ -40,7 +41,11 @@ def downstream_rules(
     """The downstream rules under `policy` (default: the config's)."""
     p = make_policy(policy or config.policy, config)
     return DownstreamRules(
-        p.downstream_control, p.playback_margin_s, p.reject_late, p.place_admission
+        p.downstream_control,
+        p.playback_margin_s,
+        p.reject_late,
+        p.place_admission,
+        p.saturated_first,
     )
 
 

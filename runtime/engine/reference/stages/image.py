@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from horizonserve.runtime.batch_admission import StepTimes, Work, choose_batch
-from horizonserve.runtime.downstream import Stamp
+from horizonserve.runtime.downstream import Stamp, reported_slack
 from horizonserve.runtime.engine.reference.models import DiT, LatentDecoder
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
 from horizonserve.runtime.engine.reference.protocol import DONE, FIRST, IMAGE, Event, Handoff
@@ -143,9 +143,12 @@ class ImageStage:
         self.pending.set_order(rules.slack)
 
     def min_slack(self) -> float:
-        """The image is the first output: every active job's denoising is pending."""
+        """The image is the first output: every active job's denoising is pending; SATURATED
+        while the batch is full and an on-time job waits (`reported_slack`)."""
         started = ((j.stamp, 1.0 - j.done_steps / j.steps) for j in self.active)
-        return min_slack(self.pending, started, self._clock())
+        u = min_slack(self.pending, started, self._clock())
+        full = len(self.active) >= self.max_batch
+        return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
 
     @torch.inference_mode()
     def iterate(self) -> None:

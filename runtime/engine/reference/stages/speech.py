@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from horizonserve.runtime.downstream import PlaybackClock, streams_may_yield
+from horizonserve.runtime.downstream import PlaybackClock, reported_slack, streams_may_yield
 from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
@@ -184,14 +184,17 @@ class SpeechStage:
 
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
-        (share left = codes still to make for it / the chunk size)."""
+        (share left = codes still to make for it / the chunk size); SATURATED while every
+        place is taken and an on-time request waits for one (`reported_slack`)."""
         first = self.first
         started = (
             (seq.payload.handoff.stamp, (first - len(seq.payload.codes)) / first)
             for seq in self.batcher.running
             if seq.payload.handoff is not None and seq.payload.chunks == 0
         )
-        return min_slack(self.pending, started, self._clock())
+        u = min_slack(self.pending, started, self._clock())
+        full = self.batcher.slots.free == 0
+        return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
 
     @torch.inference_mode()
     def iterate(self) -> None:
