@@ -161,6 +161,23 @@ def artifact_file(text: str) -> str:
     return path
 
 
+def control_pair(text: str) -> tuple[str, str]:
+    """`KEY=VALUE`: one control knob override (`ControlParams`), checked by name here and by
+    value where it is applied."""
+    from horizonserve.runtime.config import ControlParams
+
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give KEY=VALUE, e.g. saturated_downstream_first=false"
+        )
+    if key not in ControlParams.model_fields:
+        raise argparse.ArgumentTypeError(
+            f"{key!r} is not a control knob; one of: {', '.join(ControlParams.model_fields)}"
+        )
+    return key, value
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a user-facing error: pydantic's field errors without their URLs, an
     OSError as "reason: path", anything else as its message."""

@@ -10,7 +10,7 @@ import itertools
 from enum import IntEnum, StrEnum
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Priority(IntEnum):
@@ -402,6 +402,19 @@ CONTROL_BEFORE_KNOB: dict[str, object] = {
     "deadline_order": False,
     "saturated_downstream_first": False,
 }
+
+
+def control_with(control: ControlParams, knobs: dict[str, str]) -> ControlParams:
+    """`control` with `knobs` (KEY: VALUE as text, e.g. from `--control KEY=VALUE`) applied and
+    validated; ValueError naming the knob and what it accepts."""
+    unknown = sorted(set(knobs) - set(ControlParams.model_fields))
+    if unknown:
+        raise ValueError(f"unknown control knob(s) {unknown}; the knobs are ControlParams'")
+    try:
+        return ControlParams.model_validate({**control.model_dump(), **knobs})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{err['loc'][0]}: {err['msg']}") from None
 
 
 def control_as_recorded(recorded: dict[str, object]) -> ControlParams:

@@ -87,19 +87,12 @@ def with_control(control: Any, pairs: list[str] | None) -> Any:
     """`control` (ControlParams) with the `KEY=VALUE` overrides applied and validated."""
     if not pairs:
         return control
-    from pydantic import ValidationError
+    from horizonserve.runtime.config import control_with
 
-    from horizonserve.runtime.config import ControlParams
-
-    knobs = control_knobs(pairs)
-    unknown = sorted(set(knobs) - set(ControlParams.model_fields))
-    if unknown:
-        raise SystemExit(f"--control: unknown knob(s) {unknown}; see ControlParams")
     try:
-        return ControlParams.model_validate({**control.model_dump(), **knobs})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SystemExit(f"--control: {err['loc'][0]}: {err['msg']}") from None
+        return control_with(control, control_knobs(pairs))
+    except ValueError as exc:
+        raise SystemExit(f"--control: {exc}") from None
 
 
 def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any, dict[str, Any]]:

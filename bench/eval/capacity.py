@@ -240,6 +240,9 @@ def summarise(spec_path: Path) -> dict[str, Any]:
             "points": {s: [asdict(p) for p in pts] for s, pts in systems.items()},
             "same_rate": rows,
             "simulated": _simulated(root, spec["pipelines"][pipe].get("sim_plan"), caps),
+            "simulated_ships": _simulated(
+                root, spec["pipelines"][pipe].get("sim_plan_ships"), caps
+            ),
             "long_path": _long_path_rows(long_path.get(pipe), past_below),
             "notes": spec["pipelines"][pipe].get("notes", []),
         }
@@ -312,6 +315,16 @@ def capacity_md(s: dict[str, Any]) -> str:
             f"| {p['label']} | {caps[HORIZON].text()} | {best_txt} | {ratio} | {open_} "
             f"| {_sim_cell(p['simulated'], [HORIZON, best])} |"
         )
+    ships = [
+        f"{p['label']} {_sim_cell(p['simulated_ships'], [HORIZON, p['best_baseline']])}"
+        for p in s["pipelines"].values()
+        if p["simulated_ships"]
+    ]
+    if ships:
+        lines += ["", "SIMULATED, HorizonServe as it ships now (control knobs newer than the GPU "
+                  "runs at their defaults; `sim_plan_ships` in spec.json), HorizonServe / the "
+                  "same baseline, error against the measured capacity: " + "; ".join(ships)
+                  + "."]  # fmt: skip
     for p in s["pipelines"].values():
         lines += ["", f"## {p['label']}", "",
                   "Attainment % at each measured rate (short / long path; repetitions in "

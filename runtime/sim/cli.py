@@ -75,6 +75,14 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
         "campaign judged by, to compare with its measured capacity; overrides --slo",
     )
     p.add_argument("--json", type=ck.output_file, help="also write the result as JSON here")
+    p.add_argument(
+        "--control",
+        type=ck.control_pair,
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a control knob (repeatable), e.g. saturated_downstream_first=false: "
+        "the controller a campaign ran, or a what-if",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,6 +148,15 @@ def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str,
     setup = SimSetup.load(pipeline, art)
     workload = load_workload(pipeline)
     mix = mix_weights(workload, setup.long_classes, args.long_ratio, args.mix)
+    if args.control:
+        from dataclasses import replace
+
+        from horizonserve.runtime.config import control_with
+
+        try:
+            setup = replace(setup, control=control_with(setup.control, dict(args.control)))
+        except ValueError as exc:
+            raise ValueError(f"--control {exc}") from None
     if getattr(args, "slo_plan", None) is not None:
         setup = _plan_slo(setup, args.slo_plan, pipeline)
     elif args.slo == "measured":
@@ -317,6 +334,9 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
     )
     info = artifact_info(args.artifact)
     print(artifact_line(info))
+    overrides = dict(args.control or ())
+    if overrides:
+        print("control overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
     width = max(len("system"), *(len(s) for s in systems)) + 2
     print(
         f"{'system':<{width}}{'sustains req/s':>15}{'attain':>8}{'fails at req/s':>16}"
@@ -343,6 +363,7 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         "tol": args.tol,
         "seed": args.seed,
         "burstiness": args.burstiness,
+        "control_overrides": overrides,
         "wall_s": wall,
         "systems": [r.to_json() for r in results],
     }
