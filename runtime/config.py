@@ -409,7 +409,7 @@ def control_with(control: ControlParams, knobs: dict[str, str]) -> ControlParams
     validated; ValueError naming the knob and what it accepts."""
     unknown = sorted(set(knobs) - set(ControlParams.model_fields))
     if unknown:
-        raise ValueError(f"unknown control knob(s) {unknown}; the knobs are ControlParams'")
+        raise ValueError(f"unknown knob(s) {unknown}; see ControlParams")
     try:
         return ControlParams.model_validate({**control.model_dump(), **knobs})
     except ValidationError as exc:
