@@ -102,10 +102,12 @@ def best_baseline(caps: dict[str, Capacity]) -> tuple[str | None, list[str]]:
 
 
 class Reports:
-    """The reports' results.json, each read once; builds a point from the items the spec names."""
+    """The spec and the reports' results.json, each read once; builds a point from the items
+    the spec names."""
 
     def __init__(self, spec_path: Path) -> None:
         self.spec_path = spec_path
+        self.spec: dict[str, Any] = json.loads(spec_path.read_text())
         self.root = spec_path.resolve().parent.parent
         self._results: dict[str, dict[str, Any]] = {}
 
@@ -145,12 +147,10 @@ class Reports:
         )
 
 
-def load_points(spec_path: Path) -> dict[str, dict[str, list[Point]]]:
+def load_points(reports: Reports) -> dict[str, dict[str, list[Point]]]:
     """Every pipeline's rate sweeps: system → points, read from the reports the spec names."""
-    spec = json.loads(spec_path.read_text())
-    reports = Reports(spec_path)
     out: dict[str, dict[str, list[Point]]] = {}
-    for pipe, p in spec["pipelines"].items():
+    for pipe, p in reports.spec["pipelines"].items():
         out[pipe] = {}
         for system, rates in p["systems"].items():
             pts = [
@@ -161,13 +161,11 @@ def load_points(spec_path: Path) -> dict[str, dict[str, list[Point]]]:
     return out
 
 
-def load_long_path(spec_path: Path) -> dict[str, dict[str, Any]]:
+def load_long_path(reports: Reports) -> dict[str, dict[str, Any]]:
     """Every pipeline's long-path sweep at one rate: share → system → point (`rate` holds the
     share). The default mix's share is also its plain rate point (the same requests)."""
-    spec = json.loads(spec_path.read_text())
-    reports = Reports(spec_path)
     out: dict[str, dict[str, Any]] = {}
-    for pipe, p in spec["pipelines"].items():
+    for pipe, p in reports.spec["pipelines"].items():
         sweep = p.get("long_path")
         if sweep is None:
             continue
@@ -209,11 +207,11 @@ def compare(points: dict[str, Point], past_below: float) -> dict[str, Any] | Non
 
 def summarise(spec_path: Path) -> dict[str, Any]:
     """The capacities, the ratio to the best baseline, and the per-rate comparisons."""
-    spec = json.loads(spec_path.read_text())
+    reports = Reports(spec_path)
+    spec, root = reports.spec, reports.root
     target, past_below = spec["target"], spec["past_capacity_below"]
-    sweeps = load_points(spec_path)
-    long_path = load_long_path(spec_path)
-    root = spec_path.resolve().parent.parent
+    sweeps = load_points(reports)
+    long_path = load_long_path(reports)
     out: dict[str, Any] = {"target": target, "past_capacity_below": past_below, "pipelines": {}}
     for pipe, systems in sweeps.items():
         caps = {s: capacity(pts, target) for s, pts in systems.items()}

@@ -73,11 +73,11 @@ def test_a_spec_naming_an_item_of_another_rate_is_refused(tmp_path: Path) -> Non
         "label": "P", "systems": {"horizon": {"10": ["rep/r8/horizon/rep1"]}}}}}  # fmt: skip
     spec.write_text(json.dumps(body))
     with pytest.raises(SystemExit, match="another point's or system's item"):
-        cap.load_points(spec)
+        cap.load_points(cap.Reports(spec))
     body["pipelines"]["p"]["systems"]["horizon"] = {"8": ["rep/r8/horizon/rep2"]}
     spec.write_text(json.dumps(body))
     with pytest.raises(SystemExit, match=r"is not in rep/results\.json"):
-        cap.load_points(spec)
+        cap.load_points(cap.Reports(spec))
 
 
 def test_long_path_points_take_the_default_mix_point_for_its_share(tmp_path: Path) -> None:
@@ -93,14 +93,14 @@ def test_long_path_points_take_the_default_mix_point_for_its_share(tmp_path: Pat
     body = {"pipelines": {"p": {"label": "P", "systems": {}, "long_path": {
         "rate": 6, "default_share": 0.3, "shares": shares}}}}  # fmt: skip
     spec.write_text(json.dumps(body))
-    got = cap.load_long_path(spec)["p"]["shares"]
+    got = cap.load_long_path(cap.Reports(spec))["p"]["shares"]
     assert got["0.3"]["horizon"].attainment == 0.8 and got["0.6"]["horizon"].attainment == 0.6
     assert got["0.6"]["horizon"].late == 3 and got["0.6"]["horizon"].never == 3
     # the plain rate point is the default share's only: at 60 % it is refused
     shares["0.6"]["horizon"] = ["rep/r6/horizon/rep1"]
     spec.write_text(json.dumps(body))
     with pytest.raises(SystemExit, match="expected r6-l60 of horizon"):
-        cap.load_long_path(spec)
+        cap.load_long_path(cap.Reports(spec))
 
 
 def test_rep_range_reads_the_capacity_from_the_lowest_and_highest_runs() -> None:

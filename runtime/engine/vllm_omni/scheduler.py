@@ -840,13 +840,12 @@ class DownstreamStage:
         """Requests this stage is running and the smallest slack ratio of a first output still
         pending here, or SATURATED while `saturated` (no free place while requests wait) and
         the next admission can still start in time (`reported_slack`); the shared stage's
-        slack split reads it. Refreshed every step (it
-        is also the heartbeat)."""
+        slack split reads it. Refreshed every step (it is also the heartbeat)."""
         if self.writer is not None:
             now_ns = self.clock_ns()
             now = now_ns * 1e-9
             slack = self.min_slack(now, running or ())
-            if self.saturated_first and self.admission is not None:
+            if saturated and self.admission is not None:  # the queue's head only then
                 queued = self.admission.queue.peek_slack(now)
                 slack = reported_slack(slack, saturated, queued, self.saturated_first)
             self.writer.set_active(active, now_ns, math.nan if slack is None else slack)
@@ -916,10 +915,12 @@ class DownstreamHooks:
         if admission is not None:
             admission.after_schedule(self, out)
         if down is not None:
-            down.publish(len(self.running), self.running, self._hs_saturated())  # type: ignore[attr-defined]
+            saturated = self._hs_saturated()
+            down.publish(len(self.running), self.running, saturated)  # type: ignore[attr-defined]
         return out
 
     def _hs_saturated(self) -> bool:
+        """No free place while a request waits for one (what `reported_slack` is told)."""
         queued = len(self.waiting) + len(self.skipped_waiting)  # type: ignore[attr-defined]
         return backlogged(self, queued)
 
@@ -930,10 +931,10 @@ class DownstreamHooks:
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
-        if self._hs_down is not None:
-            self._hs_down.publish(  # type: ignore[attr-defined]
-                len(self.running), self.running, self._hs_saturated()
-            )  # type: ignore[attr-defined]
+        down = self._hs_down
+        if down is not None:
+            saturated = self._hs_saturated()
+            down.publish(len(self.running), self.running, saturated)  # type: ignore[attr-defined]
         return out
 
 
