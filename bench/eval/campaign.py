@@ -498,6 +498,9 @@ class Campaign:
             mps=item["mps"],
             seed=self.args.seed,
             threads=self.args.threads,
+            # A start that outlasts the budget fails the item, naming the stages not ready,
+            # instead of holding the device past the call.
+            startup_timeout_s=max(30.0, self.left()),
         )
 
     def start(self, item: dict[str, Any], reason: str) -> None:

@@ -31,7 +31,11 @@ from horizonserve.runtime.engine.reference.protocol import (  # noqa: E402
 )
 from horizonserve.runtime.engine.reference.stages.admission import DownstreamRules  # noqa: E402
 from horizonserve.runtime.engine.reference.stages.code2wav import Code2WavStage  # noqa: E402
-from horizonserve.runtime.engine.reference.stages.speech import SpeechStage  # noqa: E402
+from horizonserve.runtime.engine.reference.stages.speech import (  # noqa: E402
+    WARMUP_CODES,
+    SpeechStage,
+    warmup_codes,
+)
 
 CPU = torch.device("cpu")
 # first chunk and later chunks of different sizes, and a code2wav limit of 2 per iteration
@@ -93,6 +97,20 @@ def test_talker_hands_on_a_first_chunk_then_chunks_of_the_deploys_sizes() -> Non
     (b,) = [c for c in chunks if c.rid == "b"]
     assert (b.index, len(b.codes), b.last) == (0, 2, True)
     assert stage.last_timing[1] == 0.0  # the vocoder's part is code2wav's now
+
+
+def test_the_warm_up_answer_runs_both_chunk_paths_and_stays_short_when_answers_go_whole() -> None:
+    chunks: list[CodeChunk] = []
+    stage = _talker(chunks)
+    stage.submit(_handoff("warmup", warmup_codes(PRESET)))
+    while not stage.idle:
+        stage.iterate()
+    assert [len(c.codes) for c in chunks] == [3, 2]  # a first chunk, then a later one
+    streamed, whole = get_preset("full", "tuned"), get_preset("full", "stock")
+    assert warmup_codes(streamed) == streamed.first_chunk + streamed.code_chunk
+    # stock sends each answer whole: its one "chunk" is a KV slot, far past the bound
+    assert whole.code_chunk == whole.talker_limits.max_len > WARMUP_CODES
+    assert warmup_codes(whole) == WARMUP_CODES
 
 
 def test_talker_playback_credit_counts_the_codes_it_handed_on() -> None:

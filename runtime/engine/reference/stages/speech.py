@@ -41,6 +41,7 @@ from horizonserve.runtime.engine.reference.stages.admission import (
 
 STAGE = SPEECH
 DEFAULT_CHUNKS = 4  # chunks of speech per request when the trace gives no length
+WARMUP_CODES = 64  # most codes the warm-up answer decodes per SM level (`warmup_codes`)
 
 
 @dataclass(slots=True)
@@ -270,7 +271,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         talker.warm_prefill(preset.talker_limits.max_prefill_tokens)
         for level in loop.warmup_levels():
             loop.sm.activate(level)
-            stage.submit(_warmup_handoff(h, 2 * preset.code_chunk, dtype))
+            stage.submit(_warmup_handoff(h, warmup_codes(preset), dtype))
             while not stage.idle:
                 stage.iterate()
             talker.precapture()
@@ -283,6 +284,15 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         **talker.graph_info(),
     }
     loop.serve(stage, info)
+
+
+def warmup_codes(preset: PipelinePreset) -> int:
+    """Codes of the warm-up answer decoded at every SM level: the first chunk and one later
+    chunk where the answer streams, so both hand-off paths run. At most `WARMUP_CODES`: where the
+    deploy sends each answer whole, a "chunk" is a whole KV slot, and decoding two slots per level
+    eagerly (the stock profile) held the full preset's start-up for minutes."""
+    first = preset.first_chunk or preset.code_chunk
+    return min(first + preset.code_chunk, WARMUP_CODES)
 
 
 def _warmup_handoff(hidden: int, codes: int, dtype: torch.dtype) -> Handoff:
