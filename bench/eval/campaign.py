@@ -839,7 +839,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     art = load_artifact(art_path)
     pipeline = plan["pipeline"]
     campaign = plan_campaign(plan, str(Path(args.plan).parent))
-    setup = replay_of(campaign, art).setup(art.pipeline(pipeline))
+    replay = replay_of(campaign, art)
+    setup = replay.setup(art.pipeline(pipeline))
+    if replay.caveat:
+        log.warning("simulate: %s", replay.caveat)
     if args.as_run:  # the controller a session of this plan ran (its summary says which)
         setup = replace(setup, control=_as_run(plan, sha, args.plan, Path(args.as_run)))
     if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
@@ -851,6 +854,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "label": "SIMULATED",
         "artifact": {"path": art_path,
                      "sha256": hashlib.sha256(Path(art_path).read_bytes()).hexdigest()},
+        "caveat": replay.caveat,
         "slo": setup.targets(),
         "control": setup.control.model_dump(),
         "seeds": args.seeds,

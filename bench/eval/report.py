@@ -371,6 +371,7 @@ def sim_errors(data: dict[str, Any], points: dict[str, Any]) -> dict[str, Any]:
                 }
         out[name] = {
             "artifact": sim.get("artifact"),
+            "caveat": sim.get("caveat"),
             "rows": rows,
             "mae_pp": statistics.fmean(errs) if errs else None,
         }
@@ -563,6 +564,8 @@ def report_md(data: dict[str, Any], m: dict[str, Any]) -> str:
     for name, s in m["sim"].items():
         art = (s.get("artifact") or {}).get("path")
         lines.append(f"**{name}** (artifact `{art}`): mean |error| {_n(s['mae_pp'], '.1f')} pp")
+        if s.get("caveat"):
+            lines.append(f"\nCaveat: {s['caveat']}.")
         lines.append("")
         lines.append("| item | measured % | simulated % (seeds) | error pp |")
         lines.append("|---|---|---|---|")

@@ -467,7 +467,23 @@ class Replay:
     # The controller's class table as the campaign's plan recorded it (the profiles behind its
     # r̂), instead of the profiles the simulator derives from the entry (`engine` reference).
     recorded_classes: bool = False
+    # Deploy profile whose limits replace the entry's (`replay_of`); None: the entry's own.
+    limits_profile: str | None = None
     _traces: dict[str, Trace] = field(default_factory=dict)
+
+    @property
+    def caveat(self) -> str | None:
+        """Why this replay's prediction is weaker than the fit's, or None."""
+        if self.limits_profile is None:
+            return None
+        fitted = self.artifact.pipeline(self.campaign.pipeline).fit
+        return (
+            f"the campaign ran deploy profile {self.limits_profile!r}, the entry was fitted to "
+            f"{fitted.deploy_profile if fitted else None!r} campaigns: replayed with "
+            f"{self.limits_profile!r}'s limits on the fitted step costs, so whatever that "
+            "profile changes in a step's cost (eager launches, a stage's contention) is not "
+            "modelled; calibrate and fit under it for a prediction"
+        )
 
     def trace(self, pid: str) -> Trace:
         if pid not in self._traces:
@@ -496,6 +512,8 @@ class Replay:
 
     def setup(self, cal: PipelineCalibration) -> SimSetup:
         c = self.campaign
+        if self.limits_profile is not None:
+            cal = reference_engine(cal, c.preset or "full", self.limits_profile)
         art = self.artifact.model_copy(
             update={"pipelines": {**self.artifact.pipelines, c.pipeline: cal}}
         )
@@ -522,11 +540,18 @@ class Replay:
 def replay_of(campaign: Campaign, artifact: CalibrationArtifact) -> Replay:
     """The replay an entry's fit used (`FitProvenance.engine`): the reference engine's with
     the plan's class table, else the deploy file's with the derived profiles; the engine
-    limits those the entry carries (its own deploy profile, or the limits written in it)."""
+    limits those the entry carries (its own deploy profile, or the limits written in it).
+
+    A campaign that ran another deploy profile than the entry's fit (a `stock` plan against an
+    entry fitted to `tuned` campaigns) is replayed with that profile's limits
+    (`reference_engine`: slots, CUDA graphs or eager, code2wav chunking) on the entry's costs;
+    `Replay.caveat` says what that cannot model."""
     fit = artifact.pipeline(campaign.pipeline).fit
-    return Replay(
-        campaign, artifact, None, recorded_classes=fit is not None and fit.engine == REFERENCE
-    )
+    reference = fit is not None and fit.engine == REFERENCE
+    profile = None
+    if reference and campaign.profile and fit.deploy_profile not in (None, campaign.profile):
+        profile = campaign.profile
+    return Replay(campaign, artifact, None, recorded_classes=reference, limits_profile=profile)
 
 
 def _recorded_slo(slo: SloTable, recorded: dict[str, Any]) -> SloTable:

@@ -87,4 +87,4 @@ def test_stricter_crd_is_refused_while_stored_objects_fail_it(
     finally:
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
         if not had_crd:  # leave the session cluster as it was (the plain-install test checks)
-            cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", "--timeout=60s", check=False)
+            cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", "--timeout=180s", check=False)

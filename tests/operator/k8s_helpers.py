@@ -25,7 +25,19 @@ ROOT = Path(__file__).resolve().parents[2]
 OSVC_PATH = "/apis/horizonserve.io/v1alpha1/namespaces/{ns}/omniservices"
 
 
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/omniservices.horizonserve.io"
+
+
 def install_crd(cluster: Any) -> None:
+    """Apply the shipped CRD and wait until it serves. A CRD an earlier module is still
+    deleting (its objects are being removed) is waited out first: applying it while it
+    terminates is a no-op and the delete then completes under the new test."""
+
+    def not_terminating() -> bool:
+        status, body = cluster.request("GET", CRD_PATH)
+        return status == 404 or not body.get("metadata", {}).get("deletionTimestamp")
+
+    wait_for("the OmniService CRD's earlier delete to finish", not_terminating, 180)
     cluster.kubectl("apply", "-f", str(crd.default_path()))
     cluster.kubectl(
         "wait", "--for=condition=established", "--timeout=60s",

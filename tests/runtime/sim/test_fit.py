@@ -180,3 +180,29 @@ def test_mimo_audio_predicts_the_campaigns_its_fit_never_saw(folder: str, keys: 
     err = errors_pp(replay.attainment(art.pipeline("mimo_audio"), keys), campaign)
     assert set(err) == set(keys)
     assert max(abs(e) for e in err.values()) <= 5.0, err
+
+
+def test_a_campaign_of_another_deploy_profile_is_replayed_with_its_limits() -> None:
+    """The stock campaign (the vLLM-Omni files as shipped: an eager thinker of 16 slots, one
+    code2wav slot fed whole answers) against an entry fitted to tuned campaigns: the replay
+    takes the stock limits, keeps the fitted costs and says so; a tuned campaign's replay is
+    the fit's own, limits untouched and no caveat."""
+    art = load_artifact()
+    stock = read_campaign(ROOT / "bench/results/h200-eval/qwen-stock-v1", warmup_s=0.0)
+    assert stock.profile == "stock" and art.pipeline(PIPE).fit.deploy_profile == "tuned"
+    replay = replay_of(stock, art)
+    assert replay.limits_profile == "stock"
+    assert "'stock'" in replay.caveat and "'tuned'" in replay.caveat
+    cal = replay.setup(art.pipeline(PIPE)).cal
+    assert cal.shared.max_num_seqs == 16 and cal.shared.graph_batch_sizes is None
+    assert {d.name: d.max_batch for d in cal.downstream} == {"talker": 4, "code2wav": 1}
+    tuned = read_campaign(ROOT / "bench/results/h200-eval/qwen-ship-v2", warmup_s=0.0)
+    same = replay_of(tuned, art)
+    assert same.limits_profile is None and same.caveat is None
+    fitted = art.pipeline(PIPE)
+    assert same.setup(fitted).cal.shared.max_num_seqs == fitted.shared.max_num_seqs != 16
+    # The stock limits alone move the prediction towards the GPU: the speech path's first
+    # audio waits for whole answers (measured: 0 % speech for every system at 1-2 req/s).
+    sim = replay.attainment(fitted, ["r2/edf-mps"])["r2/edf-mps"]
+    as_tuned = Replay(stock, art, None, recorded_classes=True).attainment(fitted, ["r2/edf-mps"])
+    assert sim < as_tuned["r2/edf-mps"] - 0.2
