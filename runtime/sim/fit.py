@@ -474,12 +474,12 @@ class Replay:
     @property
     def caveat(self) -> str | None:
         """Why this replay's prediction is weaker than the fit's, or None."""
-        if self.limits_profile is None:
+        fit = self.artifact.pipeline(self.campaign.pipeline).fit
+        if self.limits_profile is None or fit is None:
             return None
-        fitted = self.artifact.pipeline(self.campaign.pipeline).fit
         return (
             f"the campaign ran deploy profile {self.limits_profile!r}, the entry was fitted to "
-            f"{fitted.deploy_profile if fitted else None!r} campaigns: replayed with "
+            f"{fit.deploy_profile!r} campaigns: replayed with "
             f"{self.limits_profile!r}'s limits on the fitted step costs, so whatever that "
             "profile changes in a step's cost (eager launches, a stage's contention) is not "
             "modelled; calibrate and fit under it for a prediction"

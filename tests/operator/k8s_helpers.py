@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 from horizonserve.operator import crd
 from horizonserve.operator.builders import LABEL_COMPONENT, LABEL_OSVC
+from horizonserve.operator.models import GROUP, PLURAL
 from tests.k8s.cluster import wait_for
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 OSVC_PATH = "/apis/horizonserve.io/v1alpha1/namespaces/{ns}/omniservices"
-
-
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/omniservices.horizonserve.io"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
 
 
 def install_crd(cluster: Any) -> None:
@@ -39,10 +39,7 @@ def install_crd(cluster: Any) -> None:
 
     wait_for("the OmniService CRD's earlier delete to finish", not_terminating, 180)
     cluster.kubectl("apply", "-f", str(crd.default_path()))
-    cluster.kubectl(
-        "wait", "--for=condition=established", "--timeout=60s",
-        "crd/omniservices.horizonserve.io",
-    )  # fmt: skip
+    cluster.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAME}")
 
 
 def new_namespace(cluster: Any, prefix: str = "hs") -> str:
