@@ -27,6 +27,9 @@ from tests.runtime.serving.served import Served, pid_alive, start_server
 pytest.importorskip("torch")
 
 HANG_S = 1.5
+# Detection may lag the fault by a supervisor tick (0.1 s) plus the scheduling delays of a
+# front process sharing two loaded cores with four stages and the clients (0.69 s seen).
+DETECT_SLACK_S = 1.0
 CLASSES = {"text": 0, "speech": 10, "image": 20}
 NEEDS = {"shared": set(CLASSES), "speech": {"speech"}, "code2wav": {"speech"}, "image": {"image"}}
 SLOT = {"speech": 0, "image": 1, "code2wav": 2}  # control-record slot of each downstream stage
@@ -85,7 +88,12 @@ class Load:
             t.join(60)
 
     def between(self, t0: float, t1: float) -> list[Reply]:
+        """Replies to requests sent and answered within [t0, t1]."""
         return [r for r in list(self.replies) if r.t0 >= t0 and r.t1 <= t1]
+
+    def overlapping(self, t0: float, t1: float) -> list[Reply]:
+        """Replies to requests that were in flight at some time within [t0, t1]."""
+        return [r for r in list(self.replies) if r.t0 <= t1 and r.t1 >= t0]
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +183,19 @@ def test_fault_is_detected_restarted_and_isolated(
     assert int(after["restarts"]) == restarts + 1
     assert not pid_alive(old_pid)
     detect_s, restart_s = t_detect - t_fault, t_back - t_detect
-    assert detect_s < (0.6 if fault == "kill" else HANG_S + 0.6), detect_s
+    assert detect_s < (0.0 if fault == "kill" else HANG_S) + DETECT_SLACK_S, detect_s
     time.sleep(0.3)  # replies of the outage window have landed
     window = [r for r in list(load.replies) if t_fault <= r.t1 <= t_back]  # answered then
-    affected = NEEDS[stage]
-    for cls in set(CLASSES) - affected:  # the other classes kept serving
-        codes = [r.status for r in window if r.cls == cls]
-        assert codes and set(codes) == {200}, (cls, [r for r in window if r.cls == cls][:5])
+    unaffected = set(CLASSES) - NEEDS[stage]
+    # The other classes kept serving: each has a request in flight during the outage, and
+    # every such request was served. A spoken answer can outlast a short outage on two
+    # loaded cores, so wait for the one in flight at the end, bounded.
+    _wait(lambda: unaffected <= {r.cls for r in load.overlapping(t_fault, t_back)}, 20)
+    during = [r for r in load.overlapping(t_fault, t_back) if r.cls in unaffected]
+    for cls in unaffected:
+        codes = {r.status for r in during if r.cls == cls}
+        assert codes == {200}, (cls, [r for r in during if r.cls == cls and r.status != 200])
+    slowest = round(max((r.t1 - r.t0 for r in during), default=0.0), 2)  # 0: all affected
     for r in window:
         assert r.status in (200, 503), r  # answered: served, or refused with a retry hint
         if r.status == 503:
@@ -194,6 +208,7 @@ def test_fault_is_detected_restarted_and_isolated(
             "restart_s": round(restart_s, 2),
             "replies": len(window),
             "503": sum(r.status == 503 for r in window),
+            "unaffected_max_s": slowest,
         }
     )
 
