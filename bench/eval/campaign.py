@@ -589,6 +589,7 @@ class Campaign:
         reqs = point["requests"]
         t_item = time.monotonic()
         t0 = time.monotonic() + 0.05
+        t0_unix = time.time() + 0.05  # the step trace's t = 0 on the wall clock (GPU logs)
         handles: list[tuple[dict[str, Any], Any]] = []
         rejected = []
         for r in reqs:
@@ -675,6 +676,7 @@ class Campaign:
                 "unfinished_at_end": sum(1 for r in records if r.get("aborted_at_end")),
                 "aborted": aborted,
                 "wall_s": t_idle - t_item,
+                "t0_unix": round(t0_unix, 3),
                 "errors": health["errors"],
             }
         )
