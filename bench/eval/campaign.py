@@ -590,6 +590,7 @@ class Campaign:
         t_item = time.monotonic()
         t0 = time.monotonic() + 0.05
         t0_unix = time.time() + 0.05  # the step trace's t = 0 on the wall clock (GPU logs)
+        t0_local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0_unix))  # as GPU logs
         handles: list[tuple[dict[str, Any], Any]] = []
         rejected = []
         for r in reqs:
@@ -677,6 +678,7 @@ class Campaign:
                 "aborted": aborted,
                 "wall_s": t_idle - t_item,
                 "t0_unix": round(t0_unix, 3),
+                "t0_local": f"{t0_local}.{int(t0_unix % 1 * 1000):03d}",
                 "errors": health["errors"],
             }
         )
