@@ -9,6 +9,7 @@
 #   bash charts/upgrade-crds.sh path/to/horizonserve # an unpacked chart (`helm pull --untar`)
 #   bash charts/upgrade-crds.sh crds/foo.yaml        # or CRD files
 #   DRY_RUN=1 bash charts/upgrade-crds.sh            # server-side dry run: validate, change nothing
+#   TIMEOUT=120s bash charts/upgrade-crds.sh         # how long a CRD may take to serve (60s)
 #
 # Uses kubectl's current context (or $KUBECONFIG; $KUBECTL picks the binary). Server-side apply
 # with a fixed field manager: it works whether the CRD was created by Helm, by
@@ -31,6 +32,23 @@ TIMEOUT="${TIMEOUT:-60s}"
 
 log() { printf '[upgrade-crds] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+[[ "$TIMEOUT" =~ ^[0-9]+s?$ ]] || die "TIMEOUT must be whole seconds, e.g. 60s (got '$TIMEOUT')"
+
+# Wait until CRD $1 (crd/NAME or customresourcedefinition.../NAME) is Established, at most
+# $TIMEOUT. Polls rather than `kubectl wait --for=condition=Established`: on a CRD created a
+# moment before, whose status has no conditions yet, that fails at once instead of waiting.
+wait_established() {
+    local name="$1" status deadline=$((SECONDS + 10#${TIMEOUT%s}))
+    while true; do
+        status="$("$KUBECTL" get "$name" \
+            -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" \
+            || status=""
+        [[ "$status" == True ]] && return 0
+        ((SECONDS < deadline)) || return 1
+        sleep 1
+    done
+}
 
 command -v "$KUBECTL" >/dev/null 2>&1 || die "kubectl not found (set KUBECTL=/path/to/kubectl)"
 
@@ -74,7 +92,11 @@ json.dump(crd, sys.stdout)
 PY
     "$KUBECTL" apply -f "$tmp/crd.json" >/dev/null
     local name="omniservices.$CHECK_GROUP"
-    "$KUBECTL" wait --for=condition=Established --timeout="$TIMEOUT" "crd/$name" >/dev/null
+    if ! wait_established "crd/$name"; then
+        "$KUBECTL" delete crd "$name" --wait=false >/dev/null 2>&1 || true
+        rm -rf "$tmp"
+        die "the check CRD $name did not become Established within $TIMEOUT"
+    fi
     "$KUBECTL" get omniservices.horizonserve.io -A -o json | python3 -c '
 import json, sys
 group = sys.argv[1]
@@ -126,8 +148,7 @@ done
 
 if [[ ${#dry[@]} -eq 0 ]]; then
     for n in "${names[@]}"; do
-        "$KUBECTL" wait --for=condition=Established --timeout="$TIMEOUT" "$n" >/dev/null \
-            || die "$n did not become Established within $TIMEOUT"
+        wait_established "$n" || die "$n did not become Established within $TIMEOUT"
         log "$n established; served versions: $("$KUBECTL" get "$n" \
             -o jsonpath='{range .spec.versions[?(@.served==true)]}{.name}{" "}{end}')"
     done

@@ -302,7 +302,7 @@ def test_chart_install_serve_uninstall(
         create_namespace(cluster, release_ns)
         create_namespace(cluster, apps_ns)
         kubectl(cluster, "apply", "--server-side", "-f", str(rendered))
-        kubectl(cluster, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        cluster.wait_crd_established(CRD_NAME)
         res = subprocess.run(
             ["bash", str(ROOT / "charts" / "upgrade-crds.sh")],
             env=cluster.env(),
@@ -645,7 +645,7 @@ def test_plain_install_yaml_applies_and_deletes(kube_cluster: KubeCluster) -> No
     ns = one(docs, "Namespace")["metadata"]["name"]
     try:
         kubectl(cluster, "apply", "--server-side", "-f", str(INSTALL_YAML))
-        kubectl(cluster, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        cluster.wait_crd_established(CRD_NAME)
         for doc in docs:
             kind, name = doc["kind"].lower(), doc["metadata"]["name"]
             args = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []

@@ -322,6 +322,25 @@ class KubeCluster:
 
         self._wait(f"default ServiceAccount with token in namespace {namespace!r}", ready, timeout)
 
+    def wait_crd_established(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until CRD `name` reports Established=True.
+
+        Not `kubectl wait --for=condition=Established`: on a CRD created a moment before,
+        whose status has no conditions yet, that fails at once instead of waiting.
+        """
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+
+        def established() -> bool:
+            status, crd = self.request("GET", path)
+            if status != 200:
+                return False
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            return any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            )
+
+        self._wait(f"CRD {name} Established", established, timeout)
+
     # ---------------------------------------------------------------- internals
 
     def _binary(self, name: str) -> str:

@@ -88,3 +88,16 @@ def test_stricter_crd_is_refused_while_stored_objects_fail_it(
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
         if not had_crd:  # leave the session cluster as it was (the plain-install test checks)
             cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", "--timeout=180s", check=False)
+
+
+def test_a_timeout_that_is_not_whole_seconds_is_refused_before_anything_runs() -> None:
+    res = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={"PATH": "/usr/bin:/bin", "TIMEOUT": "2m", "KUBECTL": "true"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert res.returncode == 1
+    assert "TIMEOUT must be whole seconds, e.g. 60s (got '2m')" in res.stderr

@@ -39,7 +39,7 @@ def install_crd(cluster: Any) -> None:
 
     wait_for("the OmniService CRD's earlier delete to finish", not_terminating, 180)
     cluster.kubectl("apply", "-f", str(crd.default_path()))
-    cluster.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAME}")
+    cluster.wait_crd_established(CRD_NAME)
 
 
 def new_namespace(cluster: Any, prefix: str = "hs") -> str:
