@@ -90,8 +90,11 @@ crd["metadata"] = {"name": f"{crd['spec']['names']['plural']}.{group}"}
 crd["spec"]["group"] = group
 json.dump(crd, sys.stdout)
 PY
-    "$KUBECTL" apply -f "$tmp/crd.json" >/dev/null
     local name="omniservices.$CHECK_GROUP"
+    # A check CRD an earlier run left (interrupted, or still being deleted) is removed first:
+    # objects cannot be created in a CRD that is terminating.
+    "$KUBECTL" delete crd "$name" --ignore-not-found --wait=true --timeout="$TIMEOUT" >/dev/null
+    "$KUBECTL" apply -f "$tmp/crd.json" >/dev/null
     if ! wait_established "crd/$name"; then
         "$KUBECTL" delete crd "$name" --wait=false >/dev/null 2>&1 || true
         rm -rf "$tmp"
