@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -589,8 +590,8 @@ class Campaign:
         reqs = point["requests"]
         t_item = time.monotonic()
         t0 = time.monotonic() + 0.05
-        t0_unix = time.time() + 0.05  # the step trace's t = 0 on the wall clock (GPU logs)
-        t0_local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0_unix))  # as GPU logs
+        # The step trace's t = 0 on this host's local clock, as GPU sample logs stamp theirs.
+        t0_local = datetime.fromtimestamp(time.time() + t0 - time.monotonic())
         handles: list[tuple[dict[str, Any], Any]] = []
         rejected = []
         for r in reqs:
@@ -677,8 +678,7 @@ class Campaign:
                 "unfinished_at_end": sum(1 for r in records if r.get("aborted_at_end")),
                 "aborted": aborted,
                 "wall_s": t_idle - t_item,
-                "t0_unix": round(t0_unix, 3),
-                "t0_local": f"{t0_local}.{int(t0_unix % 1 * 1000):03d}",
+                "t0_local": t0_local.isoformat(sep=" ", timespec="milliseconds"),
                 "errors": health["errors"],
             }
         )

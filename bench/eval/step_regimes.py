@@ -37,7 +37,7 @@ from horizonserve.runtime.calibrate.records import read_members
 
 EXPLAIN = ("decode_batch", "downstream_active", "waiting", "pressure", "shared_sms")
 GPU_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "gpu_util_pct")  # after timestamp
-_STAMP_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f")
+_STAMP_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S")  # nvidia-smi's timestamp
 
 Row = list[float]
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((args.session / "summary.json").read_text())
         for item_id, s in summary["items"].items():
             if s.get("t0_local"):
-                starts[item_id] = _stamp(s["t0_local"])
+                starts[item_id] = datetime.fromisoformat(s["t0_local"]).timestamp()
     head = " | ".join(f"{c} fast / slow" for c in EXPLAIN)
     if log is not None:
         head += " | " + " | ".join(f"{f} fast / slow" for f in GPU_FIELDS)

@@ -113,17 +113,11 @@ def namespace(kube_cluster: KubeCluster, api: client.ApiClient) -> Iterator[str]
 
 
 @pytest.fixture(scope="module")
-def widget_crd(api: client.ApiClient) -> Iterator[str]:
+def widget_crd(kube_cluster: KubeCluster, api: client.ApiClient) -> Iterator[str]:
     ext = client.ApiextensionsV1Api(api)
     # Raw JSON: the generated models of a newer client are stricter than a 1.20 server's answers.
     ext.create_custom_resource_definition(CRD, _preload_content=False)
-
-    def established() -> bool:
-        raw = ext.read_custom_resource_definition(CRD_NAME, _preload_content=False)
-        conditions = json.loads(raw.data).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for("CRD Established", established, 30)
+    kube_cluster.wait_crd_established(CRD_NAME, 30)
     yield CRD_NAME
     ext.delete_custom_resource_definition(CRD_NAME, _preload_content=False)
 
