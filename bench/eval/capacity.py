@@ -10,6 +10,13 @@ against rate per pipeline, overall and per path). Measured figures, and beside t
 SIMULATED, the capacity `horizonserve sim plan --slo-plan` predicts for the same SLO table
 where the spec names its JSON (`sim_plan`).
 
+The planner's capacity differs from the measured one for two reasons, which the tables keep
+apart: the model (a simulated point is not the measured one) and the reading (the planner
+bisects to 2 %, a sweep interpolates linearly between rates up to 2 req/s apart, and attainment
+is not linear there). The simulator's attainment on each measured item's own requests, which
+report.py stores beside it, read with the sweep's linear rule, is the model alone; the planner
+against that is the reading alone.
+
 A sweep's capacity is read where attainment first falls below the target going up in rate,
 linear between the two measured rates around it. Where no measured rate brackets it, the
 sweep gives a bound only (at least its highest rate, or below its lowest). The best baseline
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import statistics
 import sys
@@ -35,6 +43,7 @@ from report import COLORS
 
 HORIZON = "horizon"
 VANILLA = "fcfs"
+SHIPPED_ARTIFACT = "runtime/data/calibration/h200-fitted.json"  # what the planner runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,33 @@ class Reports:
         self.spec: dict[str, Any] = json.loads(spec_path.read_text())
         self.root = spec_path.resolve().parent.parent
         self._results: dict[str, dict[str, Any]] = {}
+        shipped = self.root.parents[2] / SHIPPED_ARTIFACT
+        self.shipped_sha = hashlib.sha256(shipped.read_bytes()).hexdigest()
+
+    def _report(self, report: str) -> dict[str, Any]:
+        if report not in self._results:
+            self._results[report] = json.loads((self.root / report / "results.json").read_text())
+        return self._results[report]
+
+    def simulated(self, point: Point) -> float | None:
+        """SIMULATED: the shipped artifact's attainment on the requests of `point`'s items
+        (report.py's sim rows; repetitions share their requests), or None where a report has
+        no row for an item on today's shipped artifact."""
+        values = []
+        for src in point.sources:
+            report, item = src.split("/", 1)
+            key = item.rsplit("/", 1)[0]  # r6/edf-mps/rep1 -> r6/edf-mps
+            rows = [
+                block["rows"][key]
+                for block in self._report(report).get("sim", {}).values()
+                if block["artifact"]["path"] == SHIPPED_ARTIFACT
+                and block["artifact"].get("sha256") == self.shipped_sha
+                and key in block["rows"]
+            ]
+            if not rows:
+                return None
+            values.append(rows[0]["simulated"])
+        return statistics.fmean(values)
 
     def point(self, where: str, x: float, ids: tuple[str, ...], sources: list[str]) -> Point:
         """The mean of `sources` (REPORT/ITEM), each an item of one of the point ids `ids`
@@ -118,11 +154,8 @@ class Reports:
         items = []
         for src in sources:
             report, item = src.split("/", 1)
-            if report not in self._results:
-                path = self.root / report / "results.json"
-                self._results[report] = json.loads(path.read_text())
             try:
-                items.append(self._results[report]["items"][item])
+                items.append(self._report(report)["items"][item])
             except KeyError:
                 raise SystemExit(
                     f"{self.spec_path}: {where}: {src} is not in {report}/results.json "
@@ -241,6 +274,10 @@ def summarise(spec_path: Path) -> dict[str, Any]:
             "simulated_ships": _simulated(
                 root, spec["pipelines"][pipe].get("sim_plan_ships"), caps
             ),
+            "error_sources": _error_sources(reports, systems, caps, target),
+            "simulated_points": _simulated(
+                root, spec["pipelines"][pipe].get("sim_plan_points"), caps
+            ),
             "long_path": _long_path_rows(long_path.get(pipe), past_below),
             "notes": spec["pipelines"][pipe].get("notes", []),
         }
@@ -273,6 +310,31 @@ def _simulated(root: Path, sim_plan: str | None, caps: dict[str, Capacity]) -> d
         "capacity": rates,
         "error": {s: r / caps[s].rate - 1 for s, r in rates.items() if caps[s].bound == "=" and r},
     }
+
+
+def _error_sources(
+    reports: Reports, systems: dict[str, list[Point]], caps: dict[str, Capacity], target: float
+) -> dict[str, Any]:
+    """SIMULATED, per system: the simulator's attainment on each measured item's requests and
+    the capacity the sweep's linear rule reads from it (module docstring). `model` is that
+    capacity against the measured one; the planner's figure is compared with it by the
+    reader (`_error_sources_md`). None for a system with a point no current row covers."""
+    out: dict[str, Any] = {}
+    for system, pts in systems.items():
+        sims = [reports.simulated(p) for p in pts]
+        if any(v is None for v in sims):
+            out[system] = None
+            continue
+        same = capacity(
+            [dataclasses.replace(p, attainment=v) for p, v in zip(pts, sims, strict=True)], target
+        )
+        exact = same.bound == "=" and caps[system].bound == "="
+        out[system] = {
+            "points": [[p.rate, p.attainment, v] for p, v in zip(pts, sims, strict=True)],
+            "capacity": asdict(same),
+            "model": same.rate / caps[system].rate - 1 if exact else None,
+        }
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -323,6 +385,7 @@ def capacity_md(s: dict[str, Any]) -> str:
                   "runs at their defaults; `sim_plan_ships` in spec.json), HorizonServe / the "
                   "same baseline, error against the measured capacity: " + "; ".join(ships)
                   + "."]  # fmt: skip
+    lines += _error_sources_md(s)
     for p in s["pipelines"].values():
         lines += ["", f"## {p['label']}", "",
                   "Attainment % at each measured rate (short / long path; repetitions in "
@@ -366,6 +429,49 @@ def capacity_md(s: dict[str, Any]) -> str:
         if p["notes"]:
             lines += ["", *(f"* {n}" for n in p["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _error_sources_md(s: dict[str, Any]) -> list[str]:
+    lines = ["", "## Where the planner's error comes from", "",
+             "SIMULATED beside measured; each SIMULATED capacity's change against the column "
+             "before it in brackets. *Same requests*: the simulator (today's shipped artifact) "
+             "on each measured item's own requests, read with the sweep's linear rule: its "
+             "change is the model's error. *Campaign-length points*: `sim plan` bisecting on "
+             "points as long as the campaign's (`sim_plan_points` in spec.json; each rate's "
+             "attainment the mean over several seeds): its change is the linear reading between "
+             "the sweep's rates (and the other requests). *Long points*: `sim plan` as in the "
+             "first table (HorizonServe as it ships): its change is what a longer point costs a "
+             "backlog that is still growing at the end of a campaign's point. Attainment % per "
+             "rate: measured / SIMULATED on the same requests.", "",
+             "| pipeline | system | measured / SIMULATED attainment % by rate | measured "
+             "capacity | same requests | campaign-length points | long points |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p in s["pipelines"].values():
+        points = p["simulated_points"].get("capacity", {})
+        for system, e in p["error_sources"].items():
+            if e is None:
+                continue
+            same = _cap(e["capacity"])
+            long_plan = p["simulated_ships" if system == HORIZON else "simulated"]
+            long_ = long_plan.get("capacity", {}).get(system)
+            pts = ", ".join(f"{r:g}: {_pct(m)} / {_pct(v)}" for r, m, v in e["points"])
+            model = "" if e["model"] is None else f" ({100 * e['model']:+.0f} %)"
+            lines.append(
+                f"| {p['label']} | {LABELS[system]} | {pts} | {_cap(p['capacity'][system]).text()}"
+                f" | {same.text()}{model} | {_step(points.get(system), same)} | "
+                f"{_step(long_, Capacity(points[system], '=', None) if system in points else None)}"
+                " |"
+            )
+    return lines
+
+
+def _step(rate: float | None, before: Capacity | None) -> str:
+    """A planned capacity and its change against `before` where that is exact."""
+    if rate is None:
+        return "—"
+    if before is None or before.bound != "=" or not before.rate:
+        return f"{rate:.2f} req/s"
+    return f"{rate:.2f} req/s ({100 * (rate / before.rate - 1):+.0f} %)"
 
 
 def _long_path_md(lp: dict[str, Any]) -> list[str]:

@@ -107,6 +107,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--requests", type=ck.positive_int, default=1500, help="requests per evaluation (1500)"
     )
     p.add_argument(
+        "--point-s",
+        type=ck.positive,
+        help="instead of --requests: every rate's point is this many seconds of arrivals at "
+        "its own rate, as a GPU campaign's points are (e.g. 120)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=ck.positive_int,
+        default=1,
+        help="points per rate, from seeds --seed, --seed+1, ...: a rate's attainment is their "
+        "mean (1; several for short --point-s points, which one seed leaves noisy)",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=ck.non_negative,
+        default=0.0,
+        help="with --point-s: the point's first seconds, simulated but not scored (0: every "
+        "request scored, as a campaign's attainment column)",
+    )
+    p.add_argument(
         "--tol",
         type=ck.bounded(0.0, 1.0, low_open=True, high_open=True),
         default=0.02,
@@ -272,6 +292,7 @@ PLAN_COLUMNS = (
 
 def _plan(args: argparse.Namespace) -> int:
     """One plan per pipeline (`--pipeline all`: the three, then a combined table)."""
+    _check_points(args)
     pipelines = list(PIPELINES) if args.pipeline == "all" else [args.pipeline]
     t0 = time.perf_counter()
     plans = {p: _plan_one(args, p, len(pipelines) > 1) for p in pipelines}
@@ -285,11 +306,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[str, Any]:
-    from dataclasses import replace
-
     from horizonserve.runtime.progress import Progress, phase
     from horizonserve.runtime.sim.plan import plan
-    from horizonserve.runtime.workload import generate
 
     t0 = time.perf_counter()
     quiet = args.no_progress
@@ -297,15 +315,7 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         phase(f"{pipeline}: measuring each class's solo p95 (simulated) …", disable=quiet)
     setup, workload, mix = _setup(args, pipeline)
     systems = list(args.systems)
-    unit = generate(
-        workload,
-        mix,
-        rate=1.0,
-        n_requests=args.requests,
-        seed=args.seed,
-        burstiness=args.burstiness,
-    )
-    unit = replace(unit, warmup_s=0.1 * unit.duration_s)
+    unit = _plan_unit(args, workload, mix)
     bar = Progress(f"planning {pipeline}", "system", disable=quiet)
     bar.start(len(systems))
     try:
@@ -328,8 +338,8 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         print()
     print(
         f"SIMULATED capacity plan — {pipeline}, target {args.target:.0%} SLO attainment "
-        f"(SLO = {setup.slo.multiplier:g} x solo p95), {args.requests} requests, seed "
-        f"{args.seed}, tolerance {args.tol:.0%}{_burst_txt(args)}\nmix: {mix_txt}\n"
+        f"(SLO = {setup.slo.multiplier:g} x solo p95), {_points_txt(args)}, "
+        f"{_seeds_txt(args)}, tolerance {args.tol:.0%}{_burst_txt(args)}\nmix: {mix_txt}\n"
         f"SLO table: {setup.slo_source}"
     )
     info = artifact_info(args.artifact)
@@ -359,14 +369,67 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         "mix": mix,
         "slo_targets_s": setup.targets(),
         "slo_source": setup.slo_source,
-        "requests": args.requests,
+        "requests": None if args.point_s else args.requests,
+        "point_s": args.point_s,
+        "warmup_s": args.warmup_s if args.point_s else None,
         "tol": args.tol,
         "seed": args.seed,
+        "seeds": args.seeds,
         "burstiness": args.burstiness,
         "control_overrides": overrides,
         "wall_s": wall,
         "systems": [r.to_json() for r in results],
     }
+
+
+def _check_points(args: argparse.Namespace) -> None:
+    """The point options that only make sense together, refused before any simulation."""
+    if args.point_s is None:
+        if args.warmup_s:
+            raise ValueError("--warmup-s applies to --point-s points only; give --point-s too")
+    elif args.warmup_s >= args.point_s:
+        raise ValueError(
+            f"--warmup-s {args.warmup_s:g} leaves nothing of --point-s {args.point_s:g} "
+            "to score; give a warm-up shorter than the point"
+        )
+
+
+def _plan_unit(args: argparse.Namespace, workload: Any, mix: dict[str, float]) -> Any:
+    """Where each evaluated rate's point comes from: one unit-rate trace of `--requests`
+    compressed to each rate (its first 10 % not scored), or, with `--point-s`, a point of that
+    length at every rate (`sim.plan.SteadyTraces`); with `--seeds` > 1, one per seed."""
+    from dataclasses import replace
+
+    from horizonserve.runtime.sim.plan import SeedPanel, SteadyState, SteadyTraces
+    from horizonserve.runtime.workload import generate
+
+    def one(seed: int) -> Any:
+        if args.point_s is not None:
+            steady = SteadyState(warmup_s=args.warmup_s, window_s=args.point_s - args.warmup_s)
+            return SteadyTraces(workload, mix, seed=seed, steady=steady, burstiness=args.burstiness)
+        unit = generate(
+            workload, mix, rate=1.0, n_requests=args.requests, seed=seed,
+            burstiness=args.burstiness,
+        )  # fmt: skip
+        return replace(unit, warmup_s=0.1 * unit.duration_s)
+
+    seeds = tuple(range(args.seed, args.seed + args.seeds))
+    if len(seeds) == 1:
+        return one(args.seed)
+    return SeedPanel(tuple(one(k) for k in seeds), seeds)
+
+
+def _seeds_txt(args: argparse.Namespace) -> str:
+    if args.seeds == 1:
+        return f"seed {args.seed}"
+    return f"mean of seeds {args.seed}–{args.seed + args.seeds - 1}"
+
+
+def _points_txt(args: argparse.Namespace) -> str:
+    if args.point_s is None:
+        return f"{args.requests} requests"
+    scored = f"first {args.warmup_s:g} s not scored" if args.warmup_s else "all scored"
+    return f"{args.point_s:g}-s points ({scored})"
 
 
 def combined_plan_table(plans: dict[str, dict[str, Any]], target: float, wall: float) -> str:

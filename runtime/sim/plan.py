@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -61,6 +62,7 @@ class SteadyTraces:
     mix: dict[str, float]
     seed: int = 0
     steady: SteadyState = STEADY
+    burstiness: float = 1.0  # gamma shape of the gaps (1: Poisson), as `generate` takes it
     max_rate: float = 128.0
     _unit: Trace | None = field(default=None, repr=False)
 
@@ -69,7 +71,14 @@ class SteadyTraces:
             self.max_rate = max(self.max_rate, rate)
             span = self.steady.warmup_s + self.steady.window_s
             n = math.ceil(self.max_rate * span * 1.2) + 64
-            self._unit = generate(self.workload, self.mix, rate=1.0, n_requests=n, seed=self.seed)
+            self._unit = generate(
+                self.workload,
+                self.mix,
+                rate=1.0,
+                n_requests=n,
+                seed=self.seed,
+                burstiness=self.burstiness,
+            )
         return self._unit
 
     def scaled(self, rate: float) -> Trace:
@@ -84,8 +93,27 @@ class SteadyTraces:
         )
 
 
-def scored_window(unit: Trace | SteadyTraces, rate: float) -> tuple[float, float]:
+@dataclass(frozen=True)
+class SeedPanel:
+    """One point per seed at every rate: a rate's attainment is the mean over the panel's
+    points, each simulated with its own seed (short points are noisy; the mean of several is
+    what a sweep of repeated runs measures). Every source has the same shape."""
+
+    sources: tuple[Trace | SteadyTraces, ...]
+    seeds: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sources or len(self.sources) != len(self.seeds):
+            raise ValueError("a seed panel needs one seed per source, at least one")
+
+
+Source = Trace | SteadyTraces | SeedPanel
+
+
+def scored_window(unit: Source, rate: float) -> tuple[float, float]:
     """(warm-up s, scored window s) of the point `unit` gives at `rate`."""
+    if isinstance(unit, SeedPanel):
+        return scored_window(unit.sources[0], rate)
     if isinstance(unit, SteadyTraces):
         return unit.steady.warmup_s, unit.steady.window_s
     k = unit.rate / rate
@@ -115,9 +143,13 @@ class PlanResult:
         return d
 
 
-def attainment_at(
-    setup: SimSetup, unit: Trace | SteadyTraces, system: str, rate: float, seed: int
-) -> float:
+def attainment_at(setup: SimSetup, unit: Source, system: str, rate: float, seed: int) -> float:
+    """Attainment of `system` at `rate` (a panel: the mean over its seeds, `seed` unused)."""
+    if isinstance(unit, SeedPanel):
+        return statistics.fmean(
+            attainment_at(setup, u, system, rate, k)
+            for u, k in zip(unit.sources, unit.seeds, strict=True)
+        )
     r = simulate(setup, unit.scaled(rate), system, seed=seed)
     a = r.attainment()
     return 0.0 if math.isnan(a) else a
@@ -125,7 +157,7 @@ def attainment_at(
 
 def plan_system(
     setup: SimSetup,
-    unit: Trace | SteadyTraces,
+    unit: Source,
     system: str,
     *,
     target: float = 0.9,
@@ -191,10 +223,10 @@ def plan_system(
     )
 
 
-_CTX: tuple[SimSetup, Trace | SteadyTraces, dict[str, Any]] | None = None
+_CTX: tuple[SimSetup, Source, dict[str, Any]] | None = None
 
 
-def _init(setup: SimSetup, unit: Trace | SteadyTraces, kw: dict[str, Any]) -> None:
+def _init(setup: SimSetup, unit: Source, kw: dict[str, Any]) -> None:
     global _CTX
     _CTX = (setup, unit, kw)
 
@@ -207,7 +239,7 @@ def _one(system: str) -> PlanResult:
 
 def plan(
     setup: SimSetup,
-    unit: Trace | SteadyTraces,
+    unit: Source,
     systems: list[str],
     *,
     target: float = 0.9,

@@ -82,3 +82,33 @@ def test_slo_plan_refuses_a_plan_that_does_not_fit(
     argv = ["sim", "plan", "--pipeline", "bagel", "--slo-plan", str(bad), "--no-progress"]
     line = assert_refused(argv, "--slo-plan", capsys)
     assert says in line, line
+
+
+def test_point_s_scores_every_rate_on_a_point_of_that_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--point-s`: each rate gets its own point of a campaign's length, all of it scored."""
+    out = tmp_path / "plan.json"
+    argv = ["sim", "plan", "--pipeline", "bagel", "--slo-plan", str(PLAN), "--systems",
+            "priority", "--point-s", "40", "--seeds", "2", "--tol", "0.1", "--no-progress",
+            "--jobs", "1", "--json", str(out)]  # fmt: skip
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == 0, err
+    got = json.loads(out.read_text())
+    assert (got["point_s"], got["warmup_s"], got["requests"]) == (40, 0.0, None)
+    (res,) = got["systems"]
+    assert (res["warmup_s"], res["window_s"]) == (0.0, 40.0)
+    assert got["seeds"] == 2
+    assert "40-s points (all scored), mean of seeds 0–1" in stdout
+
+
+def test_a_warm_up_as_long_as_the_point_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "plan", "--pipeline", "bagel", "--point-s", "30", "--warmup-s", "30",
+            "--no-progress"]  # fmt: skip
+    line = assert_refused(argv, "--warmup-s", capsys)
+    assert "--point-s" in line, line
+
+
+def test_a_warm_up_without_points_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "plan", "--pipeline", "bagel", "--warmup-s", "10", "--no-progress"]
+    assert "give --point-s too" in assert_refused(argv, "--warmup-s", capsys)

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from horizonserve.runtime.sim import SimSetup, simulate
-from horizonserve.runtime.sim.plan import STEADY, SteadyState, SteadyTraces, plan_system
+from horizonserve.runtime.sim.plan import (
+    STEADY,
+    SeedPanel,
+    SteadyState,
+    SteadyTraces,
+    attainment_at,
+    plan_system,
+)
 from horizonserve.runtime.workload import load_workload, mix_weights
 
 PIPE = "qwen2_5_omni"
@@ -45,3 +52,31 @@ def test_plan_states_the_steady_window_it_scored(setup: SimSetup) -> None:
     assert "45 s scored after a 15-s warm-up" in r.scoring()
     assert r.to_json()["window_s"] == 45.0
     assert "steady state" in STEADY.describe() and STEADY.warmup_s > 0
+
+
+def test_steady_points_keep_the_arrival_process() -> None:
+    """Bursty points stay bursty: the gaps of a point have the gamma shape asked for."""
+    wl = load_workload(PIPE)
+    mix = mix_weights(wl, SimSetup.load(PIPE).long_classes)
+    steady = SteadyState(warmup_s=0.0, window_s=600.0)
+    cv = {}
+    for b in (1.0, 0.25):
+        gaps = np.diff(SteadyTraces(wl, mix, seed=2, steady=steady, burstiness=b).scaled(5).arrival)
+        cv[b] = gaps.std() / gaps.mean()
+    assert cv[1.0] == pytest.approx(1.0, abs=0.1)  # Poisson
+    assert cv[0.25] == pytest.approx(2.0, abs=0.3)  # shape 0.25: CV 1/sqrt(0.25)
+
+
+def test_a_seed_panel_scores_a_rate_by_the_mean_of_its_points(setup: SimSetup) -> None:
+    wl = load_workload(PIPE)
+    mix = mix_weights(wl, setup.long_classes)
+    steady = SteadyState(warmup_s=0.0, window_s=30.0)
+    srcs = tuple(SteadyTraces(wl, mix, seed=k, steady=steady) for k in (3, 4, 5))
+    each = [attainment_at(setup, s, "edf-mps", 9.0, k) for s, k in zip(srcs, (3, 4, 5))]
+    assert len(set(each)) > 1  # short points differ by seed: the reason for a panel
+    panel = SeedPanel(srcs, (3, 4, 5))
+    assert attainment_at(setup, panel, "edf-mps", 9.0, 0) == pytest.approx(np.mean(each))
+    res = plan_system(setup, panel, "edf-mps", target=0.9, tol=0.2, start=4.0)
+    assert (res.warmup_s, res.window_s) == (0.0, 30.0)
+    with pytest.raises(ValueError, match="one seed per source"):
+        SeedPanel(srcs, (3, 4))
