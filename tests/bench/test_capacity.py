@@ -111,3 +111,39 @@ def test_rep_range_reads_the_capacity_from_the_lowest_and_highest_runs() -> None
     assert hi == pytest.approx(8 + 2 * 0.038 / 0.040)  # 89.8 %: still below 90 %
     assert lo < cap.capacity([p8, p10], 0.9).rate < hi
     assert cap.rep_range([p8], 0.9) == (8, 8)  # nothing repeated, nothing bracketed: one end
+
+
+def test_the_model_error_reads_the_simulator_on_the_items_own_requests(tmp_path: Path) -> None:
+    """Only sim rows of today's shipped artifact count; the sweep's linear rule reads both."""
+
+    def item(a: float) -> dict:
+        return {"attainment": a, "short_attainment": a, "long_attainment": a,
+                "short_late": 0, "long_late": 0, "short_never": 0, "long_never": 0}  # fmt: skip
+
+    shipped = cap.Reports(SPEC).shipped_sha
+    rows = {"r4/edf-mps": {"simulated": 0.98}, "r6/edf-mps": {"simulated": 0.82}}
+    old = {"artifact": {"path": cap.SHIPPED_ARTIFACT, "sha256": "0" * 64},
+           "rows": {k: {"simulated": 0.5} for k in rows}}  # fmt: skip
+    now = {"artifact": {"path": cap.SHIPPED_ARTIFACT, "sha256": shipped}, "rows": rows}
+    results = {"items": {"r4/edf-mps/rep1": item(0.99), "r6/edf-mps/rep1": item(0.805)},
+               "sim": {"sim_old": old, "sim_fitted": now}}  # fmt: skip
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "results.json").write_text(json.dumps(results))
+    spec = tmp_path / "capacity" / "spec.json"
+    spec.parent.mkdir()
+    body = {"pipelines": {"p": {"label": "P", "systems": {"edf-mps": {
+        "4": ["rep/r4/edf-mps/rep1"], "6": ["rep/r6/edf-mps/rep1"]}}}}}  # fmt: skip
+    spec.write_text(json.dumps(body))
+    reports = cap.Reports(spec)
+    systems = cap.load_points(reports)["p"]
+    caps = {s: cap.capacity(p, 0.9) for s, p in systems.items()}
+    got = cap._error_sources(reports, systems, caps, 0.9)["edf-mps"]
+    assert got["points"] == [[4.0, 0.99, 0.98], [6.0, 0.805, 0.82]]
+    same = 4 + 2 * 0.08 / 0.16  # 98 -> 82 % crosses 90 % at 5.0
+    assert got["capacity"]["rate"] == pytest.approx(same)
+    assert got["model"] == pytest.approx(same / caps["edf-mps"].rate - 1)
+    # a report whose only rows are of another artifact gives no same-requests figure
+    results["sim"] = {"sim_old": old}
+    (tmp_path / "rep" / "results.json").write_text(json.dumps(results))
+    reports = cap.Reports(spec)
+    assert cap._error_sources(reports, systems, caps, 0.9)["edf-mps"] is None

@@ -72,7 +72,9 @@ def test_a_seed_panel_scores_a_rate_by_the_mean_of_its_points(setup: SimSetup) -
     mix = mix_weights(wl, setup.long_classes)
     steady = SteadyState(warmup_s=0.0, window_s=30.0)
     srcs = tuple(SteadyTraces(wl, mix, seed=k, steady=steady) for k in (3, 4, 5))
-    each = [attainment_at(setup, s, "edf-mps", 9.0, k) for s, k in zip(srcs, (3, 4, 5))]
+    each = [
+        attainment_at(setup, s, "edf-mps", 9.0, k) for s, k in zip(srcs, (3, 4, 5), strict=True)
+    ]
     assert len(set(each)) > 1  # short points differ by seed: the reason for a panel
     panel = SeedPanel(srcs, (3, 4, 5))
     assert attainment_at(setup, panel, "edf-mps", 9.0, 0) == pytest.approx(np.mean(each))
