@@ -7,8 +7,8 @@ The spec names, for each pipeline and system, the measured items that make each 
 recomputed from the raw records; repetitions of one rate are averaged). Writes, beside the
 spec: capacity.json (the figures), and from it (capacity_tables.py) capacity.md (the tables)
 and capacity.png (attainment against rate per pipeline, overall and per path). Measured
-figures, and beside them, labelled SIMULATED, the capacity `horizonserve sim plan --slo-plan` predicts for the same SLO table
-where the spec names its JSON (`sim_plan`).
+figures, and beside them, labelled SIMULATED, the capacity `horizonserve sim plan --slo-plan`
+predicts for the same SLO table where the spec names its JSON (`sim_plan`).
 
 The planner's capacity differs from the measured one for two reasons, which the tables keep
 apart: the model (a simulated point is not the measured one) and the reading (the planner
