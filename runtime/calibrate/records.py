@@ -137,6 +137,11 @@ class MeasuredItem:
     reps: tuple[float, ...]  # attainment of each repetition
     sessions: tuple[str, ...]
     item_ids: tuple[str, ...] = ()  # each repetition's item id in its session
+    # The control knobs the first repetition's session ran (`session_control`: its summary's
+    # record, else its plan's knobs and the defaults it noted); None for a campaign read
+    # without sessions. A plan's knobs are not enough: a session takes the defaults of knobs
+    # newer than its plan.
+    control: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
@@ -178,10 +183,12 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
         ) from None
     chosen: dict[str, tuple[str, list[dict[str, Any]], dict[str, Any]]] = {}
     superseded: list[str] = []
+    controls: dict[str, dict[str, Any]] = {}  # session -> the knobs it ran
     for sdir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("s")):
         if not (sdir / "summary.json").exists():
             continue
         summary = json.loads((sdir / "summary.json").read_text())
+        controls[sdir.name] = session_control(plan, summary)
         recs = {m["item"]: m["records"] for m in read_members(sdir / "records.jsonl.gz")}
         redo = set(summary.get("redo", ()))
         for item_id, meta in summary.get("items", {}).items():
@@ -219,6 +226,7 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
             reps=tuple(att_ok),
             sessions=tuple(s for s, _r in reps),
             item_ids=tuple(ids[key]),
+            control=controls[reps[0][0]],
         )
     return replace(plan_campaign(plan, str(root), warmup_s), items=items, superseded=superseded)
 

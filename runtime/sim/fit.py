@@ -510,7 +510,9 @@ class Replay:
             self._traces[pid] = tr
         return self._traces[pid]
 
-    def setup(self, cal: PipelineCalibration) -> SimSetup:
+    def setup(self, cal: PipelineCalibration, key: str | None = None) -> SimSetup:
+        """`cal` set up as the campaign ran: its SLO table, class table and engine limits, and
+        the controller item `key` ran (its session's record), or the plan's without a key."""
         c = self.campaign
         if self.limits_profile is not None:
             cal = reference_engine(cal, c.preset or "full", self.limits_profile)
@@ -519,19 +521,25 @@ class Replay:
         )
         setup = SimSetup.load(c.pipeline, art, deploy_profile=self.deploy_profile)
         # The controller the campaign ran, not today's defaults.
-        setup = replace(setup, control=control_as_recorded(c.control))
+        item = c.items.get(key) if key is not None else None
+        ran = item.control if item is not None and item.control is not None else c.control
+        setup = replace(setup, control=control_as_recorded(ran))
         if self.recorded_classes and c.serving_slo:
             setup = replace(setup, slo=_recorded_slo(setup.slo, c.serving_slo))
         p95 = {k: v / c.multiplier for k, v in c.targets_s.items()}
         return setup.with_solo_p95(p95, f"campaign {c.path} SLO table", c.multiplier)
 
     def attainment(self, cal: PipelineCalibration, keys: Iterable[str]) -> dict[str, float]:
-        setup = self.setup(cal)
+        """Each item simulated on its own requests under the controller its session ran."""
+        setups: dict[str, SimSetup] = {}
         out = {}
         for key in keys:
             it = self.campaign.items[key]
             point = self.campaign.points[it.point]
-            r = simulate(setup, self.trace(it.point), it.system, seed=point.seed)
+            ran = json.dumps(it.control, sort_keys=True)
+            if ran not in setups:
+                setups[ran] = self.setup(cal, key)
+            r = simulate(setups[ran], self.trace(it.point), it.system, seed=point.seed)
             a = r.attainment()
             out[key] = 0.0 if math.isnan(a) else a
         return out
