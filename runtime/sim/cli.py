@@ -103,9 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", type=ck.attainment, default=0.9, help="attainment target, (0, 1] (0.9)"
     )
     ck.add_systems_option(p)
-    p.add_argument(
-        "--requests", type=ck.positive_int, default=1500, help="requests per evaluation (1500)"
-    )
+    p.add_argument("--requests", type=ck.positive_int, help="requests per evaluation (1500)")
     p.add_argument(
         "--point-s",
         type=ck.positive,
@@ -382,9 +380,19 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
     }
 
 
+DEFAULT_PLAN_REQUESTS = 1500  # requests in the unit trace a plan compresses to each rate
+
+
 def _check_points(args: argparse.Namespace) -> None:
-    """The point options that only make sense together, refused before any simulation."""
+    """The point options that only make sense together, refused before any simulation; fills
+    in `--requests`' default where the points are request counts."""
+    if args.point_s is not None and args.requests is not None:
+        raise ValueError(
+            "--requests and --point-s both size the points; give one (--point-s: seconds of "
+            "arrivals at each rate, as a campaign's)"
+        )
     if args.point_s is None:
+        args.requests = args.requests or DEFAULT_PLAN_REQUESTS
         if args.warmup_s:
             raise ValueError("--warmup-s applies to --point-s points only; give --point-s too")
     elif args.warmup_s >= args.point_s:

@@ -112,3 +112,9 @@ def test_a_warm_up_as_long_as_the_point_is_refused(capsys: pytest.CaptureFixture
 def test_a_warm_up_without_points_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sim", "plan", "--pipeline", "bagel", "--warmup-s", "10", "--no-progress"]
     assert "give --point-s too" in assert_refused(argv, "--warmup-s", capsys)
+
+
+def test_requests_and_point_s_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "plan", "--pipeline", "bagel", "--point-s", "60", "--requests", "300",
+            "--no-progress"]  # fmt: skip
+    assert "give one" in assert_refused(argv, "--requests and --point-s", capsys)
