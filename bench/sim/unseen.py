@@ -8,6 +8,7 @@ HorizonServe is never worse there when its mean lead over the seeds is at least 
 seed-to-seed spread of that lead (never_worse.py's rule).
 
     python bench/sim/unseen.py [--pipelines qwen2_5_omni,...] [--seeds 2] [--burstiness 1]
+        [--artifact FILE]
 """
 
 from __future__ import annotations
@@ -34,21 +35,23 @@ RATES = {
 LONG_RATIOS = (0.0, 0.3, 0.9)
 MULTIPLIERS = (3.0, 10.0)
 FIRST_SEED = 101
-_CACHE: dict[tuple[str, float], tuple[SimSetup, object]] = {}
+_CACHE: dict[tuple[str, float, str | None], tuple[SimSetup, object]] = {}
 
 
-def _setup(pipeline: str, multiplier: float) -> tuple[SimSetup, object]:
-    key = (pipeline, multiplier)
+def _setup(pipeline: str, multiplier: float, artifact: str | None) -> tuple[SimSetup, object]:
+    key = (pipeline, multiplier, artifact)
     if key not in _CACHE:
-        setup, wl = measured_setup(pipeline, load_artifact(None))
+        setup, wl = measured_setup(pipeline, load_artifact(artifact))
         p95 = {c.name: c.solo_p95_s for c in setup.slo.classes}
         _CACHE[key] = setup.with_solo_p95(p95, setup.slo_source, multiplier), wl
     return _CACHE[key]
 
 
-def _one(job: tuple[str, float, float, float, str, int, float, float]) -> tuple[tuple, float]:
-    pipeline, mult, ratio, rate, system, seed, duration, burstiness = job
-    setup, wl = _setup(pipeline, mult)
+def _one(
+    job: tuple[str, float, float, float, str, int, float, float, str | None],
+) -> tuple[tuple, float]:
+    pipeline, mult, ratio, rate, system, seed, duration, burstiness, artifact = job
+    setup, wl = _setup(pipeline, mult, artifact)
     att = point(setup, wl, system, rate, seed, duration, ratio, burstiness)["attainment"]
     return (pipeline, mult, ratio, rate, system, seed), att
 
@@ -60,12 +63,13 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson arrivals")
+    ap.add_argument("--artifact", help="calibration artifact (default: the shipped one)")
     args = ap.parse_args()
     pipes = [p for p in args.pipelines.split(",") if p]
     seeds = range(FIRST_SEED, FIRST_SEED + args.seeds)
     systems = ("horizon", *BASELINES)
     jobs = [
-        (p, m, lr, r, sy, s, args.duration, args.burstiness)
+        (p, m, lr, r, sy, s, args.duration, args.burstiness, args.artifact)
         for p in pipes
         for m in MULTIPLIERS
         for lr in LONG_RATIOS
@@ -81,6 +85,7 @@ def main() -> None:
         f"SIMULATED, HorizonServe against the best baseline on unseen workloads, "
         f"{args.seeds} seeds from {FIRST_SEED}, {args.duration:g}-s points, "
         + ("Poisson arrivals" if args.burstiness == 1 else f"burstiness {args.burstiness:g}")
+        + f", artifact {args.artifact or 'the shipped default'}"
     )
     failures = []
     for p in pipes:

@@ -545,6 +545,20 @@ class Replay:
         return out
 
 
+def items_by_run(fit: FitProvenance) -> dict[str, dict[str, str]]:
+    """The items a fit record names (fit and held out), by run: record key → the item's key in
+    its campaign. A fit of one run names its items point/system; a fit of several runs names
+    each RUN/point/system."""
+    keys = [*fit.fit_items, *fit.holdout_items]
+    if len(fit.runs) == 1:
+        return {fit.runs[0]: {k: k for k in keys}}
+    out: dict[str, dict[str, str]] = {run: {} for run in fit.runs}
+    for k in keys:
+        run, item = k.rsplit("/", 2)[0], "/".join(k.rsplit("/", 2)[1:])
+        out.setdefault(run, {})[k] = item
+    return out
+
+
 def replay_of(campaign: Campaign, artifact: CalibrationArtifact) -> Replay:
     """The replay an entry's fit used (`FitProvenance.engine`): the reference engine's with
     the plan's class table, else the deploy file's with the derived profiles; the engine

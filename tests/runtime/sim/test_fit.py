@@ -23,6 +23,7 @@ from horizonserve.runtime.sim.fit import (
     compass_search,
     errors_pp,
     fit,
+    items_by_run,
     mae,
     replay_of,
     solo_classes,
@@ -152,12 +153,12 @@ def test_shipped_default_reproduces_its_recorded_fit(pipeline: str, held_out: bo
     assert bool(fit_.holdout_items) is held_out
     if held_out:
         assert fit_.mae_out_pp is not None and fit_.mae_out_pp <= 5.0
-    campaign = read_campaign(ROOT / fit_.runs[0], warmup_s=fit_.warmup_s)
-    replay = replay_of(campaign, art)  # as the fit replayed it (its engine, its limits)
-    keys = [*fit_.fit_items, *fit_.holdout_items]
-    err = errors_pp(replay.attainment(art.pipeline(pipeline), keys), campaign)
-    for k in keys:
-        assert err[k] == pytest.approx(fit_.residuals_pp[k], abs=0.01), k
+    for run, keys in items_by_run(fit_).items():
+        campaign = read_campaign(ROOT / run, warmup_s=fit_.warmup_s)
+        replay = replay_of(campaign, art)  # as the fit replayed it (its engine, its limits)
+        err = errors_pp(replay.attainment(art.pipeline(pipeline), list(keys.values())), campaign)
+        for record, item in keys.items():
+            assert err[item] == pytest.approx(fit_.residuals_pp[record], abs=0.01), record
     assert load_artifact("estimate").source != art.source  # the paper estimate, one name away
 
 
@@ -206,3 +207,24 @@ def test_a_campaign_of_another_deploy_profile_is_replayed_with_its_limits() -> N
     sim = replay.attainment(fitted, ["r2/edf-mps"])["r2/edf-mps"]
     as_tuned = Replay(stock, art, None, recorded_classes=True).attainment(fitted, ["r2/edf-mps"])
     assert sim < as_tuned["r2/edf-mps"] - 0.2
+
+
+def test_a_fit_of_several_runs_names_each_item_with_its_run() -> None:
+    one = load_artifact().pipeline("mimo_audio").fit
+    assert one is not None and len(one.runs) == 1
+    (keys,) = items_by_run(one).values()
+    assert all(record == item for record, item in keys.items())  # point/system, as recorded
+    several = one.model_copy(
+        update={
+            "runs": ["a/x-v1", "a/y-v2"],
+            "fit_items": ["a/x-v1/r8/horizon", "a/y-v2/r6-l60/edf-mps"],
+            "holdout_items": ["a/y-v2/r10/priority"],
+        }
+    )
+    assert items_by_run(several) == {
+        "a/x-v1": {"a/x-v1/r8/horizon": "r8/horizon"},
+        "a/y-v2": {
+            "a/y-v2/r6-l60/edf-mps": "r6-l60/edf-mps",
+            "a/y-v2/r10/priority": "r10/priority",
+        },
+    }
