@@ -71,23 +71,30 @@ def test_the_split_gives_a_saturated_downstream_the_reservation_unless_a_prompt_
 
 
 def test_simulated_talker_saturated_first_starts_more_speech_in_time_and_loses_nothing() -> None:
-    """SIMULATED (shipped H200 artifact), Qwen2.5-Omni at 10 req/s: the talker's places are
-    full; under the rule it steps on the reservation's SMs instead of beside an uncapped
-    thinker, frees places sooner and starts more speech requests in time, while the text path
-    holds. Every request is still answered or counted."""
+    """SIMULATED (shipped H200 artifact, its talker fitted to the GPU's stream pace),
+    Qwen2.5-Omni at 10 req/s, three request draws: the talker's places are full; under the
+    rule it steps on the reservation's SMs instead of beside an uncapped thinker, frees places
+    sooner and starts more speech requests in time, while the text path holds. Every request
+    is still answered or counted. (The gain is small, as on the GPU: +0.2 pp measured at this
+    rate; one draw alone can show less than its spread.)"""
     pipe = "qwen2_5_omni"
     wl = load_workload(pipe)
-    met = {}
-    for on in (False, True):
-        setup = SimSetup.load(pipe, load_artifact(None))
-        setup = replace(
-            setup, control=setup.control.model_copy(update={"saturated_downstream_first": on})
-        )
-        trace = generate(wl, mix_weights(wl, setup.long_classes, None), rate=10.0, duration_s=60.0)
-        r = simulate(setup, trace, "horizon", seed=0)
-        assert len(r.latency) == len(trace)
-        short = r.short_mask()
-        met[on] = (r.met()[short].mean(), r.met()[~short].mean(), int(np.isnan(r.latency).sum()))
-    assert met[True][1] > met[False][1] + 0.02  # speech
-    assert met[True][0] >= met[False][0] - 0.01  # text holds
-    assert met[True][2] <= met[False][2]  # no more left unanswered
+    met: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
+    for seed in (0, 1, 2):
+        for on in (False, True):
+            setup = SimSetup.load(pipe, load_artifact(None))
+            setup = replace(
+                setup, control=setup.control.model_copy(update={"saturated_downstream_first": on})
+            )
+            mix = mix_weights(wl, setup.long_classes, None)
+            trace = generate(wl, mix, rate=10.0, duration_s=60.0, seed=seed)
+            r = simulate(setup, trace, "horizon", seed=0)
+            assert len(r.latency) == len(trace)
+            short = r.short_mask()
+            ok = r.met()
+            met[on].append((ok[short].mean(), ok[~short].mean(), int(np.isnan(r.latency).sum())))
+    text, speech, never = ({on: [m[i] for m in met[on]] for on in met} for i in range(3))
+    assert np.mean(speech[True]) > np.mean(speech[False]) + 0.01  # speech
+    assert all(s1 >= s0 for s0, s1 in zip(speech[False], speech[True], strict=True))
+    assert np.mean(text[True]) >= np.mean(text[False]) - 0.005  # text holds
+    assert sum(never[True]) <= sum(never[False])  # no more left unanswered
