@@ -10,12 +10,14 @@ and capacity.png (attainment against rate per pipeline, overall and per path). M
 figures, and beside them, labelled SIMULATED, the capacity `horizonserve sim plan --slo-plan`
 predicts for the same SLO table where the spec names its JSON (`sim_plan`).
 
-The planner's capacity differs from the measured one for two reasons, which the tables keep
-apart: the model (a simulated point is not the measured one) and the reading (the planner
-bisects to 2 %, a sweep interpolates linearly between rates up to 2 req/s apart, and attainment
-is not linear there). The simulator's attainment on each measured item's own requests, which
-report.py stores beside it, read with the sweep's linear rule, is the model alone; the planner
-against that is the reading alone.
+The planner's capacity differs from the measured one for three reasons, which the tables keep
+apart: the model (a simulated point is not the measured one), the reading (the planner bisects
+to 2 %, a sweep interpolates linearly between rates up to 2 req/s apart, and attainment is not
+linear there) and the point's length (the planner's long points against a campaign's 120 s).
+The simulator's attainment on each measured item's own requests, which report.py stores beside
+it, read with the sweep's linear rule, is the model alone; the planner on campaign-length
+points (`sim_plan_points`) against that is the reading; the long-point plan against those is
+the length.
 
 A sweep's capacity is read where attainment first falls below the target going up in rate,
 linear between the two measured rates around it. Where no measured rate brackets it, the

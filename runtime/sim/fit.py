@@ -548,14 +548,14 @@ class Replay:
 def items_by_run(fit: FitProvenance) -> dict[str, dict[str, str]]:
     """The items a fit record names (fit and held out), by run: record key → the item's key in
     its campaign. A fit of one run names its items point/system; a fit of several runs names
-    each RUN/point/system."""
+    each RUN/point/system, held-out items of campaigns outside `runs` included."""
     keys = [*fit.fit_items, *fit.holdout_items]
     if len(fit.runs) == 1:
         return {fit.runs[0]: {k: k for k in keys}}
-    out: dict[str, dict[str, str]] = {run: {} for run in fit.runs}
+    out: dict[str, dict[str, str]] = {}
     for k in keys:
-        run, item = k.rsplit("/", 2)[0], "/".join(k.rsplit("/", 2)[1:])
-        out.setdefault(run, {})[k] = item
+        run, point, system = k.rsplit("/", 2)
+        out.setdefault(run, {})[k] = f"{point}/{system}"
     return out
 
 
