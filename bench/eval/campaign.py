@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonserve.runtime import cli_types as ck
+from horizonserve.runtime.calibrate.records import rows_at_ns
 from horizonserve.runtime.sim import systems as _registry  # the one name per system
 
 log = logging.getLogger("campaign")
@@ -683,7 +684,9 @@ class Campaign:
             }
         )
         self.append_gz("records.jsonl.gz", {"item": item["id"], "records": records})
-        self.append_gz("steps.jsonl.gz", {"item": item["id"], "columns": cols, "rows": steps})
+        self.append_gz(
+            "steps.jsonl.gz", {"item": item["id"], "columns": cols, "rows": rows_at_ns(steps)}
+        )
         self.summary["items"][item["id"]] = s
         self.costs.drain = max(self.costs.drain * 0.7, t_cut - t_last)
         self.costs.idle = max(self.costs.idle * 0.7, t_idle - t_cut)
@@ -921,7 +924,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     """Committed sessions' records and step traces to xz (`records.compact_members`): the same
     bytes, about a quarter smaller; every reader takes either. A linked session is compacted
     once, where it lives. Not for a session being run: `run` appends gzip members."""
-    from horizonserve.runtime.calibrate.records import compact_members
+    from horizonserve.runtime.calibrate.records import compact_members, steps_at_ns
 
     sessions = sorted(
         {s.parent.resolve() for root in args.dirs for s in Path(root).rglob("summary.json")}
@@ -932,6 +935,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
             if (session / name).exists():
                 saved += compact_members(session / name)
                 files += 1
+        if args.steps_at_ns and (session / "steps.jsonl.xz").exists():
+            saved += steps_at_ns(session / "steps.jsonl.xz")
     print(f"compacted {files} files in {len(sessions)} sessions: {saved / 2**20:.1f} MiB saved")
     return 0
 
@@ -1015,6 +1020,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True, help="a new part folder of this run, e.g. RUN/s0")
     k = sub.add_parser("compact", help="finished sessions' raw records to xz (lossless)")
     k.add_argument("dirs", nargs="+", help="folders searched for sessions (summary.json)")
+    k.add_argument("--steps-at-ns", action="store_true", help="also round the step traces' "
+                   "floats to 1 ns, the clock's resolution (runs since write them so)")  # fmt: skip
     args = ap.parse_args(argv)
     commands = {
         "plan": cmd_plan,

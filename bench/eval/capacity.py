@@ -51,7 +51,7 @@ class Point:
     rate: float
     attainment: float
     short: float
-    long: float
+    long: float | None  # None at a point without long-path requests (0 % long-path)
     reps: tuple[float, ...]  # each repetition's attainment
     late: int  # requests answered after their SLO (first repetition)
     never: int  # requests never answered by the end of the point (first repetition)
@@ -170,12 +170,16 @@ class Reports:
             rate=x,
             attainment=statistics.fmean(i["attainment"] for i in items),
             short=statistics.fmean(i["short_attainment"] for i in items),
-            long=statistics.fmean(i["long_attainment"] for i in items),
+            long=_mean_or_none([i["long_attainment"] for i in items]),
             reps=tuple(i["attainment"] for i in items),
             late=first["short_late"] + first["long_late"],
             never=first["short_never"] + first["long_never"],
             sources=tuple(sources),
         )
+
+
+def _mean_or_none(xs: list[float | None]) -> float | None:
+    return None if any(x is None for x in xs) else statistics.fmean(xs)  # type: ignore[arg-type]
 
 
 def load_points(reports: Reports) -> dict[str, dict[str, list[Point]]]:

@@ -13,6 +13,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import LABELS
 from capacity import HORIZON, Capacity
+from figures import save_png
 from report import COLORS
 
 
@@ -237,5 +238,5 @@ def plot(s: dict[str, Any], path: Path) -> None:
         bottom.legend(fontsize=7, loc="lower left")
     fig.suptitle("Measured on one H200 (reference engine at model scale, 120-s points)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)

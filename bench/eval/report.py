@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
+from figures import save_png
 from reuse import read_members
 
 from horizonserve.runtime.calibrate.records import plan_campaign, read_plan, session_control
@@ -146,11 +147,11 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
                 "reps": len(reps),
                 "attainment": statistics.fmean(att),
                 "attainment_reps": att,
-                "short_attainment": statistics.fmean(r["short_attainment"] for r in reps),
-                "long_attainment": statistics.fmean(r["long_attainment"] for r in reps),
                 **{
                     k: _mean_or_none([r[k] for r in reps])
                     for k in (
+                        "short_attainment",
+                        "long_attainment",  # None at a point without long-path requests
                         "steady_attainment",
                         "steady_short_attainment",
                         "steady_long_attainment",
@@ -842,8 +843,7 @@ def _bin(rows: list[list[Any]], ix: dict[str, int], width: float) -> list[tuple[
 
 
 def _save(fig: Any, path: Path) -> str:
-    fig.savefig(path, dpi=110)
-    return path.name
+    return save_png(fig, path)
 
 
 def _clean(x: Any) -> Any:

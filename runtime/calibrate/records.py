@@ -114,6 +114,30 @@ def compact_members(path: Path) -> int:
     return saved
 
 
+def rows_at_ns(rows: list[list[Any]]) -> list[list[Any]]:
+    """A step trace's rows with every float rounded to 1 ns. Its floats are perf_counter
+    readings and differences (the clock counts whole nanoseconds) and quantities derived from
+    them or from NVML ratios; the digits below 1e-9 are float noise, and dropping them takes
+    about 40 % off the compressed trace."""
+    return [[round(x, 9) if isinstance(x, float) else x for x in row] for row in rows]
+
+
+def steps_at_ns(path: Path) -> int:
+    """Rewrite a finished session's compacted step trace (`steps.jsonl.xz`) with `rows_at_ns`;
+    every other field unchanged. Returns the bytes saved (0 where already at 1 ns)."""
+    lines = []
+    for member in read_members(path.with_suffix(".gz")):
+        member["rows"] = rows_at_ns(member["rows"])
+        lines.append(json.dumps(member) + "\n")
+    packed = lzma.compress("".join(lines).encode(), preset=9 | lzma.PRESET_EXTREME)
+    saved = path.stat().st_size - len(packed)
+    if saved > 0:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(packed)
+        tmp.replace(path)
+    return max(saved, 0)
+
+
 @dataclass(frozen=True)
 class CampaignPoint:
     id: str

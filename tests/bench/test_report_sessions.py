@@ -89,3 +89,26 @@ def test_a_compacted_session_reads_back_the_same(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="truncated"):
         compact_members(cut)
     assert cut.exists()
+
+
+def test_step_traces_are_kept_at_the_clocks_nanosecond(tmp_path: Path) -> None:
+    """`compact --steps-at-ns` rounds a compacted trace's floats to 1 ns (the clock's
+    resolution) and leaves every other field and every non-float cell as it was; a second
+    pass changes nothing."""
+    from horizonserve.runtime.calibrate.records import read_members
+
+    _plan(tmp_path / "plan.json.gz", {})
+    _session(tmp_path, "s00", {"plan_sha256": "0" * 64}, ITEMS)
+    noisy = [[0.457833, 132, 0.006608877000005009, None, "short", 4.021600000214676e-05]]
+    steps = tmp_path / "s00" / "steps.jsonl.gz"
+    member = {"item": ITEMS[0], "columns": list("abcdef"), "rows": noisy}
+    steps.write_bytes(gzip.compress(json.dumps(member).encode() + b"\n"))
+    campaign = load_eval_script("campaign")
+    assert campaign.main(["compact", "--steps-at-ns", str(tmp_path)]) == 0
+    (member,) = read_members(steps)
+    assert member["item"] == ITEMS[0] and member["columns"] == list("abcdef")
+    assert member["rows"] == [[0.457833, 132, 0.006608877, None, "short", 4.0216e-05]]
+    xz = steps.with_suffix(".xz")
+    before = xz.read_bytes()
+    assert campaign.main(["compact", "--steps-at-ns", str(tmp_path)]) == 0
+    assert xz.read_bytes() == before
