@@ -922,8 +922,10 @@ def cmd_carry(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Committed sessions' records and step traces to xz (`records.compact_members`): the same
-    bytes, about a quarter smaller; every reader takes either. A linked session is compacted
-    once, where it lives. Not for a session being run: `run` appends gzip members."""
+    bytes, about a quarter smaller; every reader takes either. `--steps-at-ns` also rounds the
+    step traces' floats to 1 ns (`records.steps_at_ns`), as runs now write them. A linked
+    session is compacted once, where it lives. Not for a session being run: `run` appends gzip
+    members."""
     from horizonserve.runtime.calibrate.records import compact_members, steps_at_ns
 
     sessions = sorted(
@@ -1018,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--systems", required=True, help="comma-separated systems whose code path "
                    "did not change between the two runs")  # fmt: skip
     c.add_argument("--out", required=True, help="a new part folder of this run, e.g. RUN/s0")
-    k = sub.add_parser("compact", help="finished sessions' raw records to xz (lossless)")
+    k = sub.add_parser("compact", help="finished sessions' raw records to xz (the same bytes)")
     k.add_argument("dirs", nargs="+", help="folders searched for sessions (summary.json)")
     k.add_argument("--steps-at-ns", action="store_true", help="also round the step traces' "
                    "floats to 1 ns, the clock's resolution (runs since write them so)")  # fmt: skip
