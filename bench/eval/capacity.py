@@ -170,7 +170,7 @@ class Reports:
             rate=x,
             attainment=statistics.fmean(i["attainment"] for i in items),
             short=statistics.fmean(i["short_attainment"] for i in items),
-            long=_mean_or_none([i["long_attainment"] for i in items]),
+            long=mean_or_none([i["long_attainment"] for i in items]),
             reps=tuple(i["attainment"] for i in items),
             late=first["short_late"] + first["long_late"],
             never=first["short_never"] + first["long_never"],
@@ -178,8 +178,9 @@ class Reports:
         )
 
 
-def _mean_or_none(xs: list[float | None]) -> float | None:
-    return None if any(x is None for x in xs) else statistics.fmean(xs)  # type: ignore[arg-type]
+def mean_or_none(xs: list[float | None]) -> float | None:
+    """The mean, or None where any value is missing (or there are none)."""
+    return None if not xs or any(x is None for x in xs) else statistics.fmean(xs)  # type: ignore[arg-type]
 
 
 def load_points(reports: Reports) -> dict[str, dict[str, list[Point]]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import ABLATIONS, ALL, LABELS, MAIN, WARMUP_FRACTION, item_summary
+from capacity import mean_or_none
 from figures import save_png
 from reuse import read_members
 
@@ -148,7 +149,7 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
                 "attainment": statistics.fmean(att),
                 "attainment_reps": att,
                 **{
-                    k: _mean_or_none([r[k] for r in reps])
+                    k: mean_or_none([r[k] for r in reps])
                     for k in (
                         "short_attainment",
                         "long_attainment",  # None at a point without long-path requests
@@ -162,7 +163,7 @@ def metrics(data: dict[str, Any]) -> dict[str, Any]:
                     for kind in ("short", "long")
                     for k in ("goodput_rps", "late", "never")
                 },
-                "underruns": _mean_or_none([r["underruns"] for r in reps]),
+                "underruns": mean_or_none([r["underruns"] for r in reps]),
                 "tpot_p50_ms": statistics.fmean(r["tpot_p50_ms"] for r in reps),
                 "tpot_p95_ms": statistics.fmean(r["tpot_p95_ms"] for r in reps),
                 "decode_step_p50_ms": statistics.fmean(r["decode_step_p50_ms"] for r in reps),
@@ -253,15 +254,11 @@ def _class_mean(reps: list[dict[str, Any]]) -> dict[str, Any]:
             "slo_s": cs[0]["slo_s"],
             "requests": cs[0]["requests"],
             "attainment": statistics.fmean(c["attainment"] for c in cs),
-            "p50_s": _mean_or_none([c["p50_s"] for c in cs]),
-            "p95_s": _mean_or_none(p95),  # None: censored (unanswered past the run's end)
+            "p50_s": mean_or_none([c["p50_s"] for c in cs]),
+            "p95_s": mean_or_none(p95),  # None: censored (unanswered past the run's end)
             "p95_reps": p95,
         }
     return out
-
-
-def _mean_or_none(xs: list[float | None]) -> float | None:
-    return None if any(x is None for x in xs) or not xs else statistics.fmean(xs)  # type: ignore
 
 
 def _p95_reduction(row: dict[str, Any]) -> dict[str, Any]:

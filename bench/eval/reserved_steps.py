@@ -32,9 +32,9 @@ def report(item: str, columns: list[str], rows: list[Row], bucket: int) -> list[
     sms, decode, prefill = ix["shared_sms"], ix["decode_s"], ix["prefill_s"]
     batch, prefill_batch = ix["decode_batch"], ix["prefill_batch"]
     busy = sum(r[prefill] + r[decode] for r in rows)
+    if busy <= 0:
+        return []  # no rows, or no GPU work in them
     counts = sorted({int(r[sms]) for r in rows})
-    if not rows or busy <= 0:
-        return []
     lines = []
     for n in counts:
         mine = [r for r in rows if r[sms] == n]

@@ -106,9 +106,7 @@ def compact_members(path: Path) -> int:
     if lzma.decompress(packed) != text:  # pragma: no cover - lzma's own guarantee
         raise RuntimeError(f"{path}: the xz copy does not read back the same")
     xz = path.with_suffix(".xz")
-    tmp = xz.with_name(xz.name + ".tmp")
-    tmp.write_bytes(packed)
-    tmp.replace(xz)
+    _replace_bytes(xz, packed)
     saved = path.stat().st_size - len(packed)
     path.unlink()
     return saved
@@ -132,10 +130,15 @@ def steps_at_ns(path: Path) -> int:
     packed = lzma.compress("".join(lines).encode(), preset=9 | lzma.PRESET_EXTREME)
     saved = path.stat().st_size - len(packed)
     if saved > 0:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(packed)
-        tmp.replace(path)
+        _replace_bytes(path, packed)
     return max(saved, 0)
+
+
+def _replace_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary beside it: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 @dataclass(frozen=True)
