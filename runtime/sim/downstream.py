@@ -59,6 +59,7 @@ from horizonserve.runtime.downstream import (
     SlackQueue,
     Stamp,
     reported_slack,
+    with_place_wait,
 )
 from horizonserve.runtime.sim.model import DownstreamCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
@@ -265,17 +266,24 @@ class FluidStage:
         free = self.admit_limit - self.in_service
         if free <= 0 or not self.queue:
             return
-        if self.rate:
-            self.s_per_step = 1.0 / self.rate
-        per, v = self.s_per_step, self.v
-        busy = sorted(now + max(0.0, vt - v) * per for vt, _, _, first in self.heap if not first)
-        free_at = [now] * free + busy[: self.admit_limit - free]
+        free_at = self._free_at(now)
         limit = None if self.reject_late else free  # refused late ones make room for more
-        for job, late in self.queue.order(now, free_at, per, limit):
+        for job, late in self.queue.order(now, free_at, self.s_per_step, limit):
             if self.in_service >= self.admit_limit:
                 return
             self.queue.take(job, late)
             self._admit(job, late, now)
+
+    def _free_at(self, now: float) -> list[float]:
+        """When each of the `admit_limit` places frees: now for a free one, a job in service's
+        once its work left is done at the last step rate (`s_per_step`, refreshed here; `v`
+        is up to date: caller)."""
+        if self.rate:
+            self.s_per_step = 1.0 / self.rate
+        per, v = self.s_per_step, self.v
+        busy = sorted(now + max(0.0, vt - v) * per for vt, _, _, first in self.heap if not first)
+        free = max(0, self.admit_limit - self.in_service)
+        return [now] * free + busy[: self.admit_limit - free]
 
     def _choose(
         self, now: float, sms: int, shared_busy: bool, shared_sms: int, sharing: Sharing
@@ -371,8 +379,10 @@ class FluidStage:
     def min_slack(self, now: float) -> float | None:
         """The smallest slack ratio among this stage's requests whose first output is pending:
         the queue's next admission and the head jobs in service (r̂ = the stamp's estimate
-        scaled by the share of first-output work left); `SATURATED` instead while every place
-        is taken and an on-time request waits for one (`reported_slack`)."""
+        scaled by the share of first-output work left). While every place is taken under
+        `saturated_first`: with the waiting requests' wait for a place counted under place
+        admission (`with_place_wait`), else `SATURATED` while an on-time request waits
+        (`reported_slack`)."""
         best = queued = self.queue.peek_slack(now)
         if self.awaiting:
             self.advance(now)
@@ -386,7 +396,12 @@ class FluidStage:
                 if best is None or u < best:
                     best = u
         full = self.in_service >= self.admit_limit
-        return reported_slack(best, full, queued, self.saturated_first)
+        on = self.saturated_first
+        if on and full and self.places and self.rate:
+            self.advance(now)
+            free_at = self._free_at(now)
+            return with_place_wait(best, self.queue.start_slack(now, free_at, self.s_per_step))
+        return reported_slack(best, full, queued, on)
 
     def submit(self, job: Job, now: float) -> None:
         """A job arrives; the caller re-rates the stage afterwards (`rerate`)."""

@@ -149,6 +149,12 @@ class StageQueue(Generic[T]):
                 self._push(entry)
         return gone
 
+    def start_slack(self, free_at: Sequence[float], s_per_work: float) -> float | None:
+        """The waiting jobs' smallest slack ratio with their wait for a place counted, on
+        places freeing at `free_at` (the stage's clock), a unit of work taking `s_per_work`
+        (`AdmissionQueue.start_slack`; None: no meetable job waits)."""
+        return self._q.start_slack(self._clock(), free_at, s_per_work)
+
     def peek_slack(self) -> float | None:
         """Slack ratio of the job `popleft` would return now (None: empty or no stamp)."""
         u = self._q.peek_slack(self._clock())

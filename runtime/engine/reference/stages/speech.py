@@ -20,7 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from horizonserve.runtime.downstream import PlaybackClock, reported_slack, streams_may_yield
+from horizonserve.runtime.downstream import (
+    PlaybackClock,
+    reported_slack,
+    streams_may_yield,
+    with_place_wait,
+)
 from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
 from horizonserve.runtime.engine.reference.presets import PipelinePreset
@@ -177,25 +182,41 @@ class SpeechStage:
         """The queued requests in admission order. Under `places` (and once a step was timed),
         the head of the place-aware order, as many as slots are free: the free slots now, each
         running stream's slot once its codes left are made at the measured step time."""
-        if not (self.rules.places and self.step_s > 0.0):
+        if not self._projects_places():
             return list(self.pending)
-        now, per, free = self._clock(), self.step_s, self.batcher.slots.free
-        busy = sorted(now + (seq.target - seq.generated) * per for seq in self.batcher.running)
-        return self.pending.ordered([now] * free + busy, per, free)
+        free = self.batcher.slots.free
+        return self.pending.ordered(self._free_at(self._clock()), self.step_s, free)
+
+    def _projects_places(self) -> bool:
+        """Place admission is on and a step was timed: each place's free time is known."""
+        return self.rules.places and self.step_s > 0.0
+
+    def _free_at(self, now: float) -> list[float]:
+        """When each place frees: now for a free one, a running stream's once its codes left
+        are made at the measured step time."""
+        per, running = self.step_s, self.batcher.running
+        busy = sorted(now + (seq.target - seq.generated) * per for seq in running)
+        return [now] * self.batcher.slots.free + busy
 
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
-        (share left = codes still to make for it / the chunk size); SATURATED while every
-        place is taken and an on-time request waits for one (`reported_slack`)."""
+        (share left = codes still to make for it / the chunk size). While every place is taken
+        under `saturated_first`: the waiting requests' slack with their wait for a place
+        counted where the places are projected (`with_place_wait`), else SATURATED while an
+        on-time request waits (`reported_slack`)."""
         first = self.first
         started = (
             (seq.payload.handoff.stamp, (first - len(seq.payload.codes)) / first)
             for seq in self.batcher.running
             if seq.payload.handoff is not None and seq.payload.chunks == 0
         )
-        u = min_slack(self.pending, started, self._clock())
+        now = self._clock()
+        u = min_slack(self.pending, started, now)
         full = self.batcher.slots.free == 0
-        return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
+        on = self.rules.saturated_first
+        if on and full and self._projects_places():
+            return with_place_wait(u, self.pending.start_slack(self._free_at(now), self.step_s))
+        return reported_slack(u, full, self.pending.peek_slack(), on)
 
     @torch.inference_mode()
     def iterate(self) -> None:
