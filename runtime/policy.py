@@ -89,6 +89,7 @@ class SchedulingPolicy:
         "downstream_control",
         "name",
         "place_admission",
+        "place_wait",
         "playback_margin_s",
         "preemption",
         "profiler",
@@ -128,6 +129,9 @@ class SchedulingPolicy:
         self.saturated_first = (
             self.downstream_control and self.slack_split and control.saturated_downstream_first
         )
+        # A full stage that projects its places reports the wait for one instead
+        # (runtime.downstream.start_slack); needs the places' projection.
+        self.place_wait = self.saturated_first and self.place_admission and control.place_wait_slack
         self._hold_s = control.shared_hold_s
         self._backlog_at = -math.inf  # when the running set was last full with requests waiting
         # Playback yielding is part of downstream control; None: streams never yield.

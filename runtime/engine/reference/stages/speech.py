@@ -201,9 +201,9 @@ class SpeechStage:
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
         (share left = codes still to make for it / the chunk size). While every place is taken
-        under `saturated_first`: the waiting requests' slack with their wait for a place
-        counted where the places are projected (`with_place_wait`), else SATURATED while an
-        on-time request waits (`reported_slack`)."""
+        under `saturated_first`: SATURATED while an on-time request waits (`reported_slack`),
+        or under `place_wait`, once the places are projected, the waiting requests' slack
+        with their wait for a place counted (`with_place_wait`)."""
         first = self.first
         started = (
             (seq.payload.handoff.stamp, (first - len(seq.payload.codes)) / first)
@@ -214,7 +214,7 @@ class SpeechStage:
         u = min_slack(self.pending, started, now)
         full = self.batcher.slots.free == 0
         on = self.rules.saturated_first
-        if on and full and self._projects_places():
+        if self.rules.place_wait and full and self._projects_places():
             return with_place_wait(u, self.pending.start_slack(self._free_at(now), self.step_s))
         return reported_slack(u, full, self.pending.peek_slack(), on)
 
