@@ -179,7 +179,8 @@ def _long_path_md(lp: dict[str, Any]) -> list[str]:
         cells.append(
             "not measured"
             if row is None
-            else f"{row['ratio']:.2f}× {LABELS[row['best']]}, headroom "
+            else f"{row['ratio']:.2f}× {LABELS[row['best']]} "
+            f"({100 * (row['horizon'] - row['best_attainment']):+.1f} pp), headroom "
             f"{_pct(row['headroom_captured'])} %"
         )
     lines.append("| HS / best there | " + " | ".join(cells) + " |")
