@@ -22,8 +22,9 @@ Slack split (`slack_split`, beyond Eq. 1): while co-running, the split follows b
 most urgent runnable request. The engines pass each side's smallest slack ratio u (None: no
 first response pending on that side; −inf on the shared side: a short-path prompt or a
 protected request waits, `SchedulingPolicy._shared_slack`; −inf on the downstream side: a
-stage's places are all taken while requests wait, `runtime.downstream.reported_slack`; the
-shared side keeps its SMs when both are −inf).
+stage's places are all taken while requests wait, `runtime.downstream.reported_slack`, or under
+`place_wait_slack` those requests' slack with their wait for a place counted; the shared side
+keeps its SMs when both are −inf).
 When the downstream side's u is the smaller, the shared stage drops to the reservation
 (level RESERVED: `SmLadder.s_reserve`, S_min unless calibration chose fewer) and the downstream
 gets the rest; otherwise the shared stage takes Eq. (1)'s level, which stays the bound. While
