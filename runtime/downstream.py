@@ -50,14 +50,15 @@ request's own work, decides whether it starts in time. Under
 calibration chose for an urgent downstream side, level with the shared side's own −inf (a
 short-path or protected prompt waiting), which keeps its SMs.
 Under `ControlParams.place_wait_slack` a stage that projects its places (place admission: each
-place's free time at the stage's present pace, each request's work) reports `start_slack`
-instead: the smallest slack ratio among its waiting meetable requests with r̂ = the wait for the
-place it would take + its first-output time. It is below 1 exactly when one of them would start
-after its `late_at`, and the split weighs it against the shared side's most urgent request like
-any other slack: a full stage whose places free in time takes no SMs. It sees only the requests
-already waiting, not the ones a faster stage would serve next, so at sustained saturation it
-reserves less than SATURATED does (on the H200: +2.7 pp at Qwen2.5-Omni 6 req/s, −3.6 pp at 60 %
-speech); it is off by default.
+place's free time at the stage's present pace, each request's work; the reference engine's
+talker and the simulator's streaming stages, not the DiT's batch choice or the vLLM-Omni plugin,
+which keep SATURATED) reports `start_slack` instead: the smallest slack ratio among its waiting
+meetable requests with r̂ = the wait for the place it would take + its first-output time. It is
+below 1 exactly when one of them would start after its `late_at`, and the split weighs it
+against the shared side's most urgent request like any other slack: a full stage whose places
+free in time takes no SMs. It sees only the requests already waiting, not the ones a faster
+stage would serve next, so at sustained saturation it reserves less than SATURATED does (on the
+H200: +2.7 pp at Qwen2.5-Omni 6 req/s, −3.6 pp at 60 % speech); it is off by default.
 """
 
 from __future__ import annotations
