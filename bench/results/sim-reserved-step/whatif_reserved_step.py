@@ -14,6 +14,9 @@ item under the controller its session ran (the wait-for-a-place items with
 `place_wait_slack`, which their code ran unconditionally).
 `fit`: the same entries on the items the shipped entry's fit recorded (its fit and held-out
 items, replayed as the fit replayed them): the mean absolute attainment error of each set.
+`speech`: at 6 req/s under SATURATED (qwen-l0-v1) and with the rule off (qwen-sdf-v1), per
+speech class the SIMULATED attainment, the thinker's TPOT p50 and first response p50 (the
+measured figures are the raw records', `../h200-eval/qwen-place-wait-v1/handoff.txt`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import replace
+
+import numpy as np
 
 from horizonserve.runtime.calibrate.artifact import PipelineCalibration, load_artifact
 from horizonserve.runtime.calibrate.records import read_campaign, read_steps
@@ -153,9 +158,38 @@ def whatif(factors: list[float]) -> None:
             print(f"{run.rsplit('/', 1)[1]} x{k:g} | " + " | ".join(cells))
 
 
+def speech(factors: list[float]) -> None:
+    art = load_artifact(ARTIFACT)
+    cal = art.pipeline("qwen2_5_omni")
+    print(f"{ARTIFACT}, SIMULATED at 6 req/s: per speech class met %, TPOT p50 ms, first p50 s")
+    for run in (f"{R}/qwen-l0-v1", f"{R}/qwen-sdf-v1"):
+        c = read_campaign(run)
+        replay = replay_of(c, art)
+        it = c.items["r6/horizon"]
+        for k in factors:
+            setup = _setup(replay, run, _scaled(cal, k), "r6/horizon")
+            r = simulate(setup, replay.trace(it.point), it.system, seed=c.points[it.point].seed)
+            met = r.met()
+            cells = [
+                f"{name} {100 * met[r.cls == i].mean():.1f} / "
+                f"{1e3 * np.nanmedian(r.tpot[r.cls == i]):.1f} / "
+                f"{np.nanmedian(r.latency[r.cls == i]):.2f}"
+                for i, name in enumerate(r.classes)
+                if name.endswith("speech")
+            ]
+            tpot = 1e3 * np.nanmedian(r.tpot)
+            reserved = 100 * r.stats["reserved_frac"]
+            print(
+                f"{run.rsplit('/', 1)[1]} x{k:g} | TPOT p50 {tpot:.1f} | reserved {reserved:.1f} % "
+                "of steps | " + " | ".join(cells)
+            )
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "gap":
         gap()
+    elif sys.argv[1] == "speech":
+        speech([float(x) for x in sys.argv[2].split(",")])
     elif sys.argv[1] == "fit":
         fit([float(x) for x in sys.argv[2].split(",")])
     else:
