@@ -399,12 +399,11 @@ class FluidStage:
                 if best is None or u < best:
                     best = u
         full = self.in_service >= self.admit_limit
-        on = self.saturated_first
         if self.place_wait and full and self.rate:
             self.advance(now)
             free_at = self._free_at(now)
             return with_place_wait(best, self.queue.start_slack(now, free_at, self.s_per_step))
-        return reported_slack(best, full, queued, on)
+        return reported_slack(best, full, queued, self.saturated_first)
 
     def submit(self, job: Job, now: float) -> None:
         """A job arrives; the caller re-rates the stage afterwards (`rerate`)."""

@@ -213,10 +213,9 @@ class SpeechStage:
         now = self._clock()
         u = min_slack(self.pending, started, now)
         full = self.batcher.slots.free == 0
-        on = self.rules.saturated_first
         if self.rules.place_wait and full and self._projects_places():
             return with_place_wait(u, self.pending.start_slack(self._free_at(now), self.step_s))
-        return reported_slack(u, full, self.pending.peek_slack(), on)
+        return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
 
     @torch.inference_mode()
     def iterate(self) -> None:
