@@ -28,6 +28,7 @@ from figures import save_png
 from reuse import read_members
 
 from horizonserve.runtime.calibrate.records import plan_campaign, read_plan, session_control
+from horizonserve.runtime.config import control_as_recorded
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -55,10 +56,26 @@ def _plans(run: Path) -> dict[str, dict[str, Any]]:
 
 
 def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """`session_control`, or None where the session records none and its plan is not here."""
+    """`session_control` with every knob it does not name at its value before the knob existed
+    (so two records of one controller compare equal whichever knobs each names), or None where
+    the session records none and its plan is not here."""
     if "control" not in summary and plan is None:
         return None
-    return session_control(plan or {}, summary)
+    return control_as_recorded(session_control(plan or {}, summary)).model_dump()
+
+
+# A session linked as `sNN-repeat` ran again items an earlier session counts: each such item
+# counts as the next repetition of its point and system. The label is free to move because
+# a plan's repetitions share the point's requests; `rep` only names the run.
+REPEAT_SUFFIX = "-repeat"
+
+
+def _next_rep(items: dict[str, Any], meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The item id and metadata under which a repeated run of `meta`'s item counts."""
+    taken = [v["meta"]["rep"] for v in items.values()
+             if v["meta"]["point"] == meta["point"] and v["meta"]["system"] == meta["system"]]
+    rep = max(taken) + 1
+    return f"{meta['point']}/{meta['system']}/rep{rep}", {**meta, "rep": rep}
 
 
 def load_run(run: Path) -> dict[str, Any]:
@@ -93,14 +110,17 @@ def load_run(run: Path) -> dict[str, Any]:
             if policy.get(item_id) == "horizon" and ran is not None and ran != controller:
                 foreign.append(f"{item_id} ({sdir.name})")
                 continue
-            if item_id in items:
+            key, meta = item_id, s
+            if item_id in items and sdir.name.endswith(REPEAT_SUFFIX):
+                key, meta = _next_rep(items, s)
+            elif item_id in items:
                 if item_id not in redo:
                     continue
                 superseded.append(f"{item_id} ({items[item_id]['session']} → {sdir.name})")
             st = steps.get(item_id, {"columns": [], "rows": []})
-            items[item_id] = {
+            items[key] = {
                 "session": sdir.name,
-                "meta": s,
+                "meta": meta,
                 "records": recs[item_id],
                 "columns": st["columns"],
                 "rows": st["rows"],

@@ -15,7 +15,9 @@ from horizonserve.runtime.calibrate.records import read_members
 E = Path("bench/results/h200-eval/eval-v5")
 RUNS = {  # rule -> (session, item)
     "SATURATED (ships; q34)": (E / "q34", "r6/horizon/rep1"),
+    "SATURATED (ships; q38)": (E / "q38", "r6/horizon/rep1"),
     "wait for a place (q36)": (E / "q36", "r6/horizon/rep1"),
+    "wait for a place (q40)": (E / "q40", "r6/horizon/rep1"),
     "off (q35)": (E / "q35", "r6/horizon/rep1"),
 }
 
