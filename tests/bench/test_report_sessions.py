@@ -112,3 +112,57 @@ def test_step_traces_are_kept_at_the_clocks_nanosecond(tmp_path: Path) -> None:
     before = xz.read_bytes()
     assert campaign.main(["compact", "--steps-at-ns", str(tmp_path)]) == 0
     assert xz.read_bytes() == before
+
+
+def _meta(item: str) -> dict[str, Any]:
+    point, system, rep = item.split("/")
+    return {"status": "ok", "point": point, "system": system, "rep": int(rep.removeprefix("rep"))}
+
+
+def test_a_repeat_session_counts_its_items_as_the_next_repetitions(tmp_path: Path) -> None:
+    """A session linked as sNN-repeat ran items an earlier session counts: each becomes the
+    next repetition of its point and system; a plain later session's same item is not counted,
+    and a repeat of another controller is still left out."""
+    ours = _plan(tmp_path / "plan.json.gz", {"deadline_order": True})
+    knobs = {"plan_sha256": ours}
+    _session(tmp_path, "s00", dict(knobs), ["r1/horizon/rep1", "r1/horizon/rep2"])
+    _session(tmp_path, "s01", dict(knobs), ["r1/horizon/rep1"])
+    _session(tmp_path, "s02-repeat", dict(knobs), ["r1/horizon/rep1", "r1/edf-mps/rep1"])
+    other = {"plan_sha256": "f" * 64, "control": {"deadline_order": False}}
+    _session(tmp_path, "s03-repeat", other, ["r1/horizon/rep1"])
+    for name in ("s00", "s01", "s02-repeat", "s03-repeat"):
+        path = tmp_path / name / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["items"] = {i: _meta(i) for i in summary["items"]}
+        path.write_text(json.dumps(summary))
+    data = load_eval_script("report").load_run(tmp_path)
+    items = data["items"]
+    assert sorted(items) == ["r1/edf-mps/rep1", "r1/horizon/rep1", "r1/horizon/rep2",
+                             "r1/horizon/rep3"]
+    assert items["r1/horizon/rep3"]["session"] == "s02-repeat"
+    assert items["r1/horizon/rep3"]["meta"]["rep"] == 3
+    # The repeat's records are its own run's, filed under the new repetition.
+    assert items["r1/horizon/rep3"]["records"] == [{"id": "r1/horizon/rep1"}]
+    assert items["r1/horizon/rep1"]["session"] == "s00"  # s01's plain re-run is not counted
+    assert items["r1/edf-mps/rep1"]["meta"]["rep"] == 1  # first run of its own: as it ran
+    assert data["foreign"] == ["r1/horizon/rep1 (s03-repeat)"]
+
+
+def test_a_knob_one_record_does_not_name_compares_at_its_value_before_the_knob(
+    tmp_path: Path,
+) -> None:
+    """Two records of one controller, one written before a knob existed (it names none) and
+    one after (it names the knob at the value that changes nothing), are the same controller;
+    the knob at its other value is another."""
+
+    def second(d: Path, control: dict[str, Any]) -> dict[str, Any]:
+        d.mkdir()
+        ours = _plan(d / "plan.json.gz", {"deadline_order": True})
+        _session(d, "s00", {"plan_sha256": ours}, ["r1/horizon/rep1"])
+        _session(d, "s01", {"plan_sha256": "f" * 64, "control": control}, ["r1/horizon/rep2"])
+        return load_eval_script("report").load_run(d)
+
+    same = second(tmp_path / "same", {"deadline_order": True, "place_wait_slack": False})
+    assert sorted(same["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
+    other = second(tmp_path / "other", {"deadline_order": True, "place_wait_slack": True})
+    assert other["foreign"] == ["r1/horizon/rep2 (s01)"]
