@@ -72,8 +72,11 @@ REPEAT_SUFFIX = "-repeat"
 
 def _next_rep(items: dict[str, Any], meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The item id and metadata under which a repeated run of `meta`'s item counts."""
-    taken = [v["meta"]["rep"] for v in items.values()
-             if v["meta"]["point"] == meta["point"] and v["meta"]["system"] == meta["system"]]
+    taken = [
+        v["meta"]["rep"]
+        for v in items.values()
+        if v["meta"]["point"] == meta["point"] and v["meta"]["system"] == meta["system"]
+    ]
     rep = max(taken) + 1
     return f"{meta['point']}/{meta['system']}/rep{rep}", {**meta, "rep": rep}
 

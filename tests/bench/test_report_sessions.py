@@ -137,8 +137,12 @@ def test_a_repeat_session_counts_its_items_as_the_next_repetitions(tmp_path: Pat
         path.write_text(json.dumps(summary))
     data = load_eval_script("report").load_run(tmp_path)
     items = data["items"]
-    assert sorted(items) == ["r1/edf-mps/rep1", "r1/horizon/rep1", "r1/horizon/rep2",
-                             "r1/horizon/rep3"]
+    assert sorted(items) == [
+        "r1/edf-mps/rep1",
+        "r1/horizon/rep1",
+        "r1/horizon/rep2",
+        "r1/horizon/rep3",
+    ]
     assert items["r1/horizon/rep3"]["session"] == "s02-repeat"
     assert items["r1/horizon/rep3"]["meta"]["rep"] == 3
     # The repeat's records are its own run's, filed under the new repetition.
