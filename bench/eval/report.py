@@ -2,8 +2,9 @@
 
     python bench/eval/report.py bench/results/h200-eval/RUN
 
-Reads RUN/plan.json, every RUN/s*/ session (summary.json, records.jsonl.gz, steps.jsonl.gz),
-the simulator's predictions RUN/sim_*.json and RUN/overhead_cpu.json when present. Every metric
+Reads RUN/plan.json, every RUN/s*/ session (summary.json, records.jsonl.gz, steps.jsonl.gz;
+one named sNN-repeat adds its runs as further repetitions), the simulator's predictions
+RUN/sim_*.json and RUN/overhead_cpu.json when present. Every metric
 is recomputed from the raw per-request records and per-step rows (campaign.item_summary), so
 the report depends on nothing the device printed. Writes RUN/report.md, RUN/results.json and
 the figures (paper numbering): fig8_attainment.png, fig9_p95.png, fig10_control.png,
