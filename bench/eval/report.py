@@ -28,7 +28,12 @@ from capacity import mean_or_none
 from figures import save_png
 from reuse import read_members
 
-from horizonserve.runtime.calibrate.records import plan_campaign, read_plan, session_control
+from horizonserve.runtime.calibrate.records import (
+    REPEAT_SUFFIX,
+    plan_campaign,
+    read_plan,
+    session_control,
+)
 from horizonserve.runtime.config import control_as_recorded
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
@@ -65,10 +70,9 @@ def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[st
     return control_as_recorded(session_control(plan or {}, summary)).model_dump()
 
 
-# A session linked as `sNN-repeat` ran again items an earlier session counts: each such item
-# counts as the next repetition of its point and system. The label is free to move because
-# a plan's repetitions share the point's requests; `rep` only names the run.
-REPEAT_SUFFIX = "-repeat"
+# A session linked as `sNN-repeat` (REPEAT_SUFFIX) ran again items an earlier session counts:
+# each such item counts as the next repetition of its point and system. The label is free to
+# move because a plan's repetitions share the point's requests; `rep` only names the run.
 
 
 def _next_rep(items: dict[str, Any], meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -8,7 +8,10 @@ line per request (class, path, arrival offset, first response, `slo_met`); `step
 likewise holds the engine's step trace. A finished session may be compacted (`compact_members`):
 the same JSON lines, byte for byte, in one xz stream `*.jsonl.xz`. An item counts from
 the last session that ran it with status ok, where a later session replaces an earlier one only
-when it re-ran it on purpose (`redo`) — the rule of the campaign's own report. Attainment is
+when it re-ran it on purpose (`redo`) — the rule of the campaign's own report. A session named
+`sNN-repeat` (`REPEAT_SUFFIX`: runs added later, which the report counts as further
+repetitions for its spread) is not read here: a fit reads the runs it was fitted to, and a
+shipped fit's provenance replays exactly those. Attainment is
 recomputed from the records: every request of the item counts; one without a first response is
 a miss. With `warmup_s`, only requests that arrived at or after it count (the steady-state
 view).
@@ -25,6 +28,10 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+# The name ending of a session folder whose items are runs again of items an earlier session
+# counts (bench/eval/report.py counts them as the next repetitions; `read_campaign` skips them).
+REPEAT_SUFFIX = "-repeat"
 
 
 def plan_bytes(path: str | Path) -> bytes:
@@ -212,7 +219,7 @@ def read_campaign(run: str | Path, warmup_s: float = 0.0) -> Campaign:
     superseded: list[str] = []
     controls: dict[str, dict[str, Any]] = {}  # session -> the knobs it ran
     for sdir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("s")):
-        if not (sdir / "summary.json").exists():
+        if not (sdir / "summary.json").exists() or sdir.name.endswith(REPEAT_SUFFIX):
             continue
         summary = json.loads((sdir / "summary.json").read_text())
         controls[sdir.name] = session_control(plan, summary)

@@ -170,3 +170,18 @@ def test_a_knob_one_record_does_not_name_compares_at_its_value_before_the_knob(
     assert sorted(same["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
     other = second(tmp_path / "other", {"deadline_order": True, "place_wait_slack": True})
     assert other["foreign"] == ["r1/horizon/rep2 (s01)"]
+
+
+def test_the_fit_reader_reads_a_campaign_as_fitted_without_its_repeats() -> None:
+    """qwen-ship-v2's s05-repeat ran its HorizonServe points again (and r6 for the first time
+    in that plan): the report counts them, the fit's reader does not, so the shipped fit's
+    provenance still replays the runs it saw."""
+    from horizonserve.runtime.calibrate.records import read_campaign
+
+    run = Path(__file__).resolve().parents[2] / "bench/results/h200-eval/qwen-ship-v2"
+    fitted = read_campaign(run)
+    assert fitted.items["r10/horizon"].sessions == ("s00",)
+    assert "r6/horizon" not in fitted.items
+    reported = load_eval_script("report").load_run(run)["items"]
+    assert reported["r10/horizon/rep2"]["session"] == "s05-repeat"
+    assert reported["r6/horizon/rep1"]["session"] == "s05-repeat"
