@@ -70,13 +70,11 @@ def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[st
     return control_as_recorded(session_control(plan or {}, summary)).model_dump()
 
 
-# A session linked as `sNN-repeat` (REPEAT_SUFFIX) ran again items an earlier session counts:
-# each such item counts as the next repetition of its point and system. The label is free to
-# move because a plan's repetitions share the point's requests; `rep` only names the run.
-
-
 def _next_rep(items: dict[str, Any], meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The item id and metadata under which a repeated run of `meta`'s item counts."""
+    """The item id and metadata under which a run again of `meta`'s item counts: a session
+    linked as `sNN-repeat` (REPEAT_SUFFIX) ran items an earlier session counts, and each counts
+    as the next repetition of its point and system. The label is free to move because a plan's
+    repetitions share the point's requests; `rep` only names the run."""
     taken = [
         v["meta"]["rep"]
         for v in items.values()
