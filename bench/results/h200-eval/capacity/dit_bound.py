@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "eval"))
-from report import load_run  # noqa: E402
+from report import load_run
 
 R = Path("bench/results/h200-eval")
 ITEMS = [  # (report, item): the saturated points, HorizonServe and the best baseline
@@ -59,8 +59,8 @@ def main() -> None:
     need = need_frac * share * rate2x
     print(
         f"2x the best baseline's capacity: {rate2x:.2f} req/s, {share * rate2x:.2f} images/s "
-        f"arriving (image share {share:.2f}); with the text path at {100 * t:.1f} % (HorizonServe's "
-        f"mean here) 90 % overall needs {100 * need_frac:.1f} % of the images in time, "
+        f"arriving (image share {share:.2f}); with the text path at {100 * t:.1f} % "
+        f"(HorizonServe's mean here) 90 % overall needs {100 * need_frac:.1f} % of the images in time, "
         f"{need:.2f} images/s, x{need / best_rate:.2f} the best finishing rate measured "
         f"({best_rate:.2f}/s)"
     )
