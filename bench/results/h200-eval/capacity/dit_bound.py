@@ -15,15 +15,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from statistics import fmean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "eval"))
 from report import load_run
 
-R = Path("bench/results/h200-eval")
+R = Path(__file__).resolve().parents[1]  # bench/results/h200-eval
 ITEMS = [  # (report, item): the saturated points, HorizonServe and the best baseline
     ("bagel-bracket-v1", "r2.5/horizon/rep1"),
     ("bagel-bracket-v1", "r2.5/horizon/rep2"),
     ("bagel-ship-v1", "r3/horizon/rep1"),
+    ("bagel-ship-v1", "r3/horizon/rep2"),
+    ("bagel-ship-v1", "r3/horizon/rep3"),
     ("bagel-past-v1", "r4/horizon/rep1"),
     ("bagel-past-v1", "r4/priority/rep1"),
 ]
@@ -54,14 +57,14 @@ def main() -> None:
     cap = json.loads((R / "capacity" / "capacity.json").read_text())
     bagel = cap["pipelines"]["bagel"]
     rate2x = 2 * bagel["capacity"][bagel["best_baseline"]]["rate"]
-    share, t = sum(shares) / len(shares), sum(text) / len(text)
+    share, t = fmean(shares), fmean(text)
     need_frac = (TARGET - (1 - share) * t) / share
     need = need_frac * share * rate2x
     print(
         f"2x the best baseline's capacity: {rate2x:.2f} req/s, {share * rate2x:.2f} images/s "
         f"arriving (image share {share:.2f}); with the text path at {100 * t:.1f} % "
-        f"(HorizonServe's mean here) 90 % overall needs {100 * need_frac:.1f} % of the images in time, "
-        f"{need:.2f} images/s, x{need / best_rate:.2f} the best finishing rate measured "
+        f"(HorizonServe's mean here) 90 % overall needs {100 * need_frac:.1f} % of the images "
+        f"in time, {need:.2f} images/s, x{need / best_rate:.2f} the best finishing rate measured "
         f"({best_rate:.2f}/s)"
     )
 
