@@ -33,9 +33,14 @@ Trust (what a compromised serving pod can reach):
   node has them). The init container starts from it (mounted read-only, copied into an
   emptyDir), the sidecar uploads a new artifact into it and publishes the node summary there.
 * Only the sidecar holds an API token (a projected, expiring one); the serving and calibration
-  containers have none. The token belongs to a ServiceAccount of that pod alone, whose Role
-  allows `patch` on exactly one object: the node's ConfigMap. So a pod can write its own
-  summary and artifact, and nothing else: not a sibling's, not a pod.
+  containers have none. The token belongs to one ServiceAccount per OmniService (shared by its
+  pods: a per-node identity cost three API writes per node), whose Role allows `patch` on the
+  node ConfigMaps of that OmniService and nothing else: not a pod, not another ConfigMap.
+* A node speaks only for itself: a node's ConfigMap is named from the OmniService's uid, the
+  node's uid and the calibration key (`node_state_name`), digested, so a pod cannot derive a
+  sibling's ConfigMap name from anything it sees (it is told only its own), and the operator
+  maps a ConfigMap to its node by that name alone, never by a label or annotation (which the
+  sidecar's `patch` could change). A summary whose `node` is not that node is ignored.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ ANNOTATION_NODE = f"{models.GROUP}/node-name"  # the full node name (labels cap 
 ANNOTATION_CALIBRATION = f"{models.GROUP}/calibration-for"  # model, GPU, driver in words
 COMPONENT_SERVING = "serving"
 COMPONENT_NODE_STATE = "node-state"
-COMPONENT_RBAC = "node-rbac"
+COMPONENT_RBAC = "sidecar-rbac"
 COMPONENT_ENDPOINT = "endpoint"
 MANAGED_BY = "horizonserve-operator"
 
@@ -163,9 +168,20 @@ def calibration_for(model: str, labels: Mapping[str, str]) -> str:
     return f"model {model}; GPU {gpu}; driver {driver or 'from NVML at start'}"
 
 
-def node_state_name(osvc: str, node: str, key: str) -> str:
-    """The node's ConfigMap and the sidecar's ServiceAccount, Role and RoleBinding."""
-    return bounded_name(osvc, node, key, limit=253)
+def node_state_name(owner: Owner, node: str, node_uid: str, key: str) -> str:
+    """The node's ConfigMap: bound to the node object (its uid) and the calibration key.
+
+    The digest covers the OmniService's uid, which no serving pod is told, so the name of a
+    sibling node's ConfigMap cannot be derived inside a pod. A node deleted and re-created is
+    a new node (new uid): it calibrates again. A drain or a reboot keeps the uid.
+    """
+    bound = _digest(f"{owner.uid}/{node}/{node_uid}/{key}", 12)
+    return bounded_name(owner.name, node, bound, limit=253)
+
+
+def sidecar_identity_name(osvc: str) -> str:
+    """The ServiceAccount, Role and RoleBinding shared by an OmniService's sidecars."""
+    return bounded_name(osvc, "sidecar")
 
 
 def selector_labels(osvc: str) -> dict[str, str]:
@@ -311,6 +327,7 @@ def serving_pod(
     image: str,
     template_hash: str,
     node_labels: Mapping[str, str] | None = None,
+    node_uid: str = "",
 ) -> dict[str, Any]:
     """The serving pod of one node: stage processes + sidecar, bound to `node`.
 
@@ -319,7 +336,7 @@ def serving_pod(
     """
     name = pod_name(owner.name, node)
     key = calibration_key(config.model, node_labels or {})
-    state = node_state_name(owner.name, node, key)
+    state = node_state_name(owner, node, node_uid, key)
     labels = {
         **selector_labels(owner.name),
         LABEL_NODE: label_value(node),
@@ -407,7 +424,7 @@ def serving_pod(
             "fsGroup": RUN_AS_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "serviceAccountName": state,
+        "serviceAccountName": sidecar_identity_name(owner.name),
         # No token in the serving and calibration containers: the sidecar alone mounts one.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -429,7 +446,8 @@ def serving_pod(
                 }
             }
         },
-        "tolerations": [t.model_dump(exclude_none=True) for t in spec.tolerations]
+        # by_alias: the wire names (tolerationSeconds), which the API server knows.
+        "tolerations": [t.model_dump(exclude_none=True, by_alias=True) for t in spec.tolerations]
         + _lifecycle_tolerations(),
         "initContainers": init,
         "containers": [serving, sidecar],
@@ -473,7 +491,7 @@ def _lifecycle_tolerations() -> list[dict[str, Any]]:
     ]
 
 
-# --- per-node objects: the node's ConfigMap and the sidecar's own RBAC ----------------------
+# --- per-node objects: the node's ConfigMap; the sidecars' shared identity ----------------
 
 
 def _node_labels(owner: Owner, node: str, key: str, component: str) -> dict[str, str]:
@@ -487,82 +505,78 @@ def _node_labels(owner: Owner, node: str, key: str, component: str) -> dict[str,
     }
 
 
-def _node_metadata(owner: Owner, node: str, key: str, component: str) -> dict[str, Any]:
-    name = node_state_name(owner.name, node, key)
-    meta = _metadata(owner, name, _node_labels(owner, node, key, component))
-    meta["annotations"] = {ANNOTATION_NODE: node}
-    return meta
-
-
-def node_state(owner: Owner, node: str, key: str, described: str) -> dict[str, Any]:
+def node_state(owner: Owner, node: str, node_uid: str, key: str, described: str) -> dict[str, Any]:
     """The node's ConfigMap: calibration artifacts and the summary, written by its sidecar.
 
     Created empty by the operator (RBAC cannot limit `create` to one name, so the sidecar
-    never creates); owned by the OmniService, so it outlives pod replacements (rollouts keep
-    the calibration) and goes with the OmniService.
+    never creates); owned by the OmniService, so it outlives pod replacements and drains (it
+    lives while the node exists and matches, plus a grace period) and goes with the
+    OmniService. Its labels and annotations are for people: the operator binds it to its
+    node by name (`node_state_name`).
     """
-    meta = _node_metadata(owner, node, key, COMPONENT_NODE_STATE)
-    meta["annotations"][ANNOTATION_CALIBRATION] = described
+    name = node_state_name(owner, node, node_uid, key)
+    meta = _metadata(owner, name, _node_labels(owner, node, key, COMPONENT_NODE_STATE))
+    meta["annotations"] = {ANNOTATION_NODE: node, ANNOTATION_CALIBRATION: described}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {}}
 
 
-def node_service_account(owner: Owner, node: str, key: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _node_metadata(owner, node, key, COMPONENT_RBAC),
-        # Only the projected volume of the sidecar carries a token (see serving_pod).
-        "automountServiceAccountToken": False,
-    }
+def sidecar_role_rules(configmaps: list[str]) -> list[dict[str, Any]]:
+    """`patch` on exactly the OmniService's node ConfigMaps (summary and artifact).
 
-
-def node_role_rules(state: str) -> list[dict[str, Any]]:
-    """`patch` on exactly the node's ConfigMap: summary and artifact, nothing else.
-
-    (`create` cannot be limited by name, and reading the artifact at start goes through the
-    kubelet's ConfigMap volume, so `patch` is all the sidecar needs.)
+    Never an empty `resourceNames`: that would mean every ConfigMap of the namespace. With no
+    node ConfigMap the Role has no rule at all.
     """
+    names = sorted(set(configmaps))
+    if not names:
+        return []
     return [
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
             "verbs": ["patch"],
-            "resourceNames": [state],
+            "resourceNames": names,
         }
     ]
 
 
-def node_role(owner: Owner, node: str, key: str) -> dict[str, Any]:
-    meta = _node_metadata(owner, node, key, COMPONENT_RBAC)
+def _identity_metadata(owner: Owner) -> dict[str, Any]:
+    labels = {
+        LABEL_NAME: APP,
+        LABEL_COMPONENT: COMPONENT_RBAC,
+        LABEL_INSTANCE: label_value(owner.name),
+        LABEL_OSVC: label_value(owner.name),
+    }
+    return _metadata(owner, sidecar_identity_name(owner.name), labels)
+
+
+def sidecar_service_account(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _identity_metadata(owner),
+        # Only the projected volume of the sidecar carries a token (see serving_pod).
+        "automountServiceAccountToken": False,
+    }
+
+
+def sidecar_role(owner: Owner, configmaps: list[str]) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": meta,
-        "rules": node_role_rules(meta["name"]),
+        "metadata": _identity_metadata(owner),
+        "rules": sidecar_role_rules(configmaps),
     }
 
 
-def node_role_binding(owner: Owner, node: str, key: str) -> dict[str, Any]:
-    meta = _node_metadata(owner, node, key, COMPONENT_RBAC)
-    name = meta["name"]
+def sidecar_role_binding(owner: Owner) -> dict[str, Any]:
+    name = sidecar_identity_name(owner.name)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": meta,
+        "metadata": _identity_metadata(owner),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
     }
-
-
-def node_objects(owner: Owner, node: str, key: str, described: str) -> list[dict[str, Any]]:
-    """In creation order: the identity first, the ConfigMap last (its presence in the index
-    means the rest was made)."""
-    return [
-        node_service_account(owner, node, key),
-        node_role(owner, node, key),
-        node_role_binding(owner, node, key),
-        node_state(owner, node, key, described),
-    ]
 
 
 # --- the endpoint --------------------------------------------------------------------------

@@ -21,11 +21,18 @@ import aiohttp
 
 from horizonserve.operator import builders, reconcile, status
 from horizonserve.operator.claims import Claim, lost_nodes
-from horizonserve.operator.kube import Kube, KubeError
+from horizonserve.operator.kube import Kube, KubeError, owned_by
 from horizonserve.operator.models import API_VERSION, PLURAL, OmniServiceSpec
-from horizonserve.operator.nodes import GpuNode, Selection, select
+from horizonserve.operator.nodes import GpuNode, Selection, can_serve, labels_match, select
 from horizonserve.operator.nodestate import NodeState
 from horizonserve.operator.pods import PodState
+from horizonserve.operator.policy import (
+    Policy,
+    model_refusal,
+    name_refusal,
+    secret_labelled,
+    secret_refusal_message,
+)
 from horizonserve.operator.settings import OperatorConfig
 from horizonserve.operator.translate import PipelineLoader, SpecError, parse_spec, serving_config
 from horizonserve.runtime.config import ServingConfig, load_pipeline
@@ -52,15 +59,31 @@ class Parsed:
         return self.error is None
 
 
-def parse(raw_spec: Mapping[str, Any], default_image: str, load: PipelineLoader) -> Parsed:
+def parse(
+    raw_spec: Mapping[str, Any],
+    default_image: str,
+    load: PipelineLoader,
+    policy: Policy | None = None,
+) -> Parsed:
+    """The spec parsed, translated and held to the chart's policy (`policy.py`)."""
     try:
         spec = parse_spec(raw_spec)
     except SpecError as exc:
         return Parsed(None, None, str(exc), None, None)
+    refusal = (policy or Policy()).refusal(
+        image=spec.image,
+        default_image=default_image,
+        priority_class=spec.priority_class_name,
+        model=spec.model,
+    )
+    if refusal is not None:
+        return Parsed(spec, None, refusal, None, None)
     try:
         config = serving_config(spec, load)
     except SpecError as exc:
         return Parsed(spec, None, str(exc), None, None)
+    if (refusal := model_refusal(config.model)) is not None:
+        return Parsed(spec, None, refusal, None, None)
     image = spec.image or default_image
     return Parsed(spec, config, None, image, builders.spec_hash(spec, config, image))
 
@@ -71,15 +94,19 @@ class ServiceState:
 
     expectations: reconcile.Expectations = dataclasses.field(default_factory=reconcile.Expectations)
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    role_names: tuple[str, ...] | None = None
-    rbac_ready: bool = False
+    role_names: tuple[str, ...] | None = None  # the sidecar Role's ConfigMaps, as written
+    identity: bool = False  # the sidecars' ServiceAccount and RoleBinding exist and are ours
+    # Objects of this OmniService's names held by someone else: kind/name → message.
+    foreign: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Node ConfigMaps whose node left (gone, no longer matching, lost): name → since when.
+    leaving: dict[str, float] = dataclasses.field(default_factory=dict)
     # Errors of the last pass that wrote something (e.g. pod creation refused by admission),
     # shown in the status until a pass succeeds.
     errors: tuple[str, ...] = ()
     # Nodes lost to an older OmniService: node → winner (condition Conflict, Events).
     conflicts: Mapping[str, Claim] = dataclasses.field(default_factory=dict)
     # Node objects (ConfigMap + RBAC) written but maybe not yet in the index: (node, key) → t.
-    ensured: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    ensured: dict[str, float] = dataclasses.field(default_factory=dict)  # ConfigMap name → t
     service: dict[str, Any] | None = None  # the Service spec last written
     # Last Event per reason (posted again only when the message changes).
     posted: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -100,6 +127,7 @@ class OperatorState:
         events: EventPoster | None = None,
     ) -> None:
         self.config = config
+        self.policy = config.policy
         self.kube = kube
         self.load: PipelineLoader = functools.lru_cache(maxsize=16)(load)
         self.clock = clock
@@ -121,7 +149,7 @@ class OperatorState:
         key = repr(sorted(_flatten(raw_spec)))
         cached = self._claims_parsed.get(uid)
         if cached is None or cached[0] != key:
-            cached = (key, parse(raw_spec, self.config.serving_image, self.load))
+            cached = (key, parse(raw_spec, self.config.serving_image, self.load, self.policy))
             self._claims_parsed[uid] = cached
         return cached[1]
 
@@ -174,7 +202,7 @@ class OperatorState:
     def parsed(self, svc: ServiceState, raw_spec: Mapping[str, Any]) -> Parsed:
         key = repr(sorted(_flatten(raw_spec)))
         if svc._parsed_key != key or svc._parsed is None:
-            svc._parsed = parse(raw_spec, self.config.serving_image, self.load)
+            svc._parsed = parse(raw_spec, self.config.serving_image, self.load, self.policy)
             svc._parsed_key = key
         return svc._parsed
 
@@ -198,23 +226,40 @@ def index_nodes(nodes_index: Mapping[str, Iterable[GpuNode]]) -> list[GpuNode]:
 
 
 def index_pods(
-    pods_index: Mapping[tuple[str, str], Iterable[PodState]], namespace: str, name: str
+    pods_index: Mapping[tuple[str, str], Iterable[PodState]],
+    namespace: str,
+    name: str,
+    uid: str | None = None,
 ) -> list[PodState]:
+    """The pods owned by the OmniService; with `uid`, only those of that very object (a pod
+    left by an earlier OmniService of the same name is not ours to touch)."""
     store = pods_index.get((namespace, name))
-    return list(store) if store is not None else []
+    pods = list(store) if store is not None else []
+    return [p for p in pods if not uid or not p.owner_uid or p.owner_uid == uid]
 
 
 def index_states(
-    states_index: Mapping[tuple[str, str], Iterable[NodeState]] | None, namespace: str, name: str
+    states_index: Mapping[tuple[str, str], Iterable[NodeState]] | None,
+    namespace: str,
+    name: str,
+    uid: str | None = None,
 ) -> list[NodeState]:
     store = (states_index or {}).get((namespace, name))
-    return list(store) if store is not None else []
+    states = list(store) if store is not None else []
+    return [s for s in states if not uid or not s.owner_uid or s.owner_uid == uid]
 
 
 def index_claims(
     claims_index: Mapping[Any, Iterable[tuple[Claim, Mapping[str, Any]]]] | None,
 ) -> list[tuple[Claim, Mapping[str, Any]]]:
     return [entry for store in (claims_index or {}).values() for entry in store]
+
+
+def index_names(index: Mapping[Any, Iterable[str]] | None) -> frozenset[str] | None:
+    """Names of the cluster-scoped objects an index holds (None: no index, assume present)."""
+    if index is None:
+        return None
+    return frozenset(name for store in index.values() for name in store)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +270,22 @@ class Placement:
     keys: Mapping[str, str]  # node → calibration key (model × GPU × driver)
     labels: Mapping[str, Mapping[str, str]]
     conflicts: Mapping[str, Claim]
+    # Nodes that exist, match the selector and are not another's: their ConfigMaps stay.
+    matched: frozenset[str] = frozenset()
+    uids: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node → uid
+    missing: tuple[str, ...] = ()  # what keeps this OmniService off every node (no class)
+
+
+def _classes_missing(
+    spec: OmniServiceSpec, runtime: frozenset[str] | None, priority: frozenset[str] | None
+) -> tuple[str, ...]:
+    out = []
+    if spec.runtime_class_name and runtime is not None and spec.runtime_class_name not in runtime:
+        out.append(f"spec.runtimeClassName: RuntimeClass {spec.runtime_class_name!r} not found")
+    name = spec.priority_class_name
+    if name and priority is not None and name not in priority:
+        out.append(f"spec.priorityClassName: PriorityClass {name!r} not found")
+    return tuple(out)
 
 
 def place(
@@ -233,26 +294,55 @@ def place(
     parsed: Parsed,
     nodes: list[GpuNode],
     claims: list[tuple[Claim, Mapping[str, Any]]],
+    all_pods: Iterable[PodState] = (),
+    runtime_classes: frozenset[str] | None = None,
+    priority_classes: frozenset[str] | None = None,
 ) -> Placement:
-    """Selection (labels, taints), minus nodes an older OmniService owns."""
+    """Selection (labels, taints), minus nodes another OmniService owns (`claims.py`).
+
+    Every claim, this one included, contends only for the nodes it can serve (labels,
+    tolerated taints, RuntimeClass and PriorityClass present) or already holds a pod on; the
+    same function decides for every claim, so all reconcilers agree.
+    """
     assert parsed.spec is not None and parsed.config is not None
     now = state.clock()
+    classes = (runtime_classes, priority_classes)
     selection = select(parsed.spec, nodes, now, state.taint_since)
-    wanted: dict[Claim, frozenset[str]] = {me: selection.keep}
+    occupants: dict[str, set[str]] = {}
+    for pod in all_pods:
+        if pod.owner_uid:
+            occupants.setdefault(pod.node, set()).add(pod.owner_uid)
+
+    def contends(claim: Claim, spec: OmniServiceSpec) -> frozenset[str]:
+        if _classes_missing(spec, *classes):
+            return frozenset(n.name for n in nodes if claim.uid in occupants.get(n.name, ()))
+        return frozenset(
+            n.name
+            for n in nodes
+            if can_serve(spec, n, now, state.taint_since) or claim.uid in occupants.get(n.name, ())
+        )
+
+    missing = _classes_missing(parsed.spec, *classes)
+    mine = contends(me, parsed.spec) & selection.keep
+    wanted: dict[Claim, frozenset[str]] = {me: mine}
     for claim, raw in claims:
         if claim.uid == me.uid:
             continue
         other = state.parsed_claim(claim.uid, raw)
         if other.spec is not None and other.valid:
-            wanted[claim] = select(other.spec, nodes, now, state.taint_since).keep & selection.keep
+            wanted[claim] = contends(claim, other.spec) & selection.keep
     by_name = {n.name: n for n in nodes}
     gpus = {n: by_name[n].gpus for n in selection.keep}
-    lost = lost_nodes(me, wanted, gpus) if len(wanted) > 1 else {}
-    if lost:
-        selection = Selection(selection.create - set(lost), selection.keep - set(lost))
-    labels = {n: by_name[n].labels for n in selection.keep}
-    keys = {n: builders.calibration_key(parsed.config.model, labels[n]) for n in selection.keep}
-    return Placement(selection, keys, labels, lost)
+    lost = lost_nodes(me, wanted, gpus, occupants) if len(wanted) > 1 else {}
+    create = selection.create - set(lost)
+    if missing:
+        create = frozenset()  # admission would refuse every pod
+    selection = Selection(frozenset(create), selection.keep - set(lost))
+    matched = frozenset(n.name for n in nodes if labels_match(parsed.spec, n)) - set(lost)
+    labels = {n: by_name[n].labels for n in selection.keep | matched}
+    keys = {n: builders.calibration_key(parsed.config.model, labels[n]) for n in labels}
+    uids = {n: by_name[n].uid for n in labels}
+    return Placement(selection, keys, labels, lost, matched, uids, missing)
 
 
 def claim_of(owner: builders.Owner, meta: Mapping[str, Any] | None) -> Claim:
@@ -264,7 +354,11 @@ def claim_of(owner: builders.Owner, meta: Mapping[str, Any] | None) -> Claim:
 # --- the steps -----------------------------------------------------------------------------
 
 
-async def sync_node_objects(
+def _tolerated(result: BaseException) -> bool:
+    return isinstance(result, KubeError | OSError | aiohttp.ClientError | TimeoutError)
+
+
+async def sync_node_states(
     state: OperatorState,
     owner: builders.Owner,
     svc: ServiceState,
@@ -272,63 +366,176 @@ async def sync_node_objects(
     states: list[NodeState],
     pods: list[PodState],
     model: str,
-) -> set[str]:
-    """Each node's ConfigMap, ServiceAccount, Role and RoleBinding; returns the nodes whose
-    objects exist (only they may get a pod: the pod names the ServiceAccount).
+    may_create: Callable[[], Awaitable[bool]],
+) -> dict[str, str]:
+    """Each node's ConfigMap; returns node → ConfigMap name for the nodes whose ConfigMap
+    exists (only they may get a pod: the pod mounts it and the sidecar patches it).
 
-    Needed: the current key of every node that gets a pod, and the key of every pod still
-    there (a cordoned node keeps its pod, and so its objects). Objects of a (node, key) no
-    longer needed and without a pod are deleted, the ConfigMap last.
+    Created for every node that gets a pod (one API write per node). Kept while the node
+    exists and matches the selector (a drain, a cordon, a NoSchedule taint or an evicted pod
+    keep it), and for `node_state_grace_s` after it left; a ConfigMap of an obsolete key on
+    a node that still matches (a new GPU or driver: calibrate again) goes as soon as no pod
+    uses it.
     """
     now = time.monotonic()
     svc.ensured = {k: t for k, t in svc.ensured.items() if now - t < ENSURED_TTL_S}
-    have = {(s.node, s.key) for s in states}
-    need = {(n, placement.keys[n]) for n in placement.selection.create}
-    need |= {(p.node, p.calibration_key or "") for p in pods if p.node in placement.selection.keep}
-    missing = sorted(need - have - set(svc.ensured))
+    by_name = {s.name: s for s in states}
 
-    async def create(node: str, key: str) -> None:
+    def name_of(node: str, key: str) -> str:
+        return builders.node_state_name(owner, node, placement.uids.get(node, ""), key)
+
+    current = {n: name_of(n, k) for n, k in placement.keys.items()}
+    keep = {current[n] for n in placement.matched | placement.selection.keep if n in current}
+    keep |= {
+        name_of(p.node, p.calibration_key or "")
+        for p in pods
+        if p.node in placement.selection.keep and not p.deleting
+    }
+    wanted = {n: current[n] for n in placement.selection.create}
+    missing = sorted(
+        (n, name) for n, name in wanted.items() if name not in by_name and name not in svc.ensured
+    )
+
+    async def create(node: str, name: str) -> None:
         described = builders.calibration_for(model, placement.labels.get(node, {}))
-        for obj in builders.node_objects(owner, node, key, described):
-            await state.kube.create(obj)
-        svc.ensured[(node, key)] = time.monotonic()
+        body = builders.node_state(
+            owner, node, placement.uids.get(node, ""), placement.keys[node], described
+        )
+        outcome, _ = await state.kube.create_owned(body, owner.uid)
+        if outcome == "foreign":
+            svc.foreign[f"ConfigMap/{name}"] = _foreign_message("ConfigMap", name)
+            return
+        svc.ensured[name] = time.monotonic()
+
+    # Stale: ours (the index holds owned ConfigMaps only), not kept, no pod on it.
+    stale: list[NodeState] = []
+    used = {name_of(p.node, p.calibration_key or "") for p in pods}
+    for st in states:
+        if st.name in keep or st.name in used:
+            svc.leaving.pop(st.name, None)
+            continue
+        if st.node in placement.matched:  # the node matches under another name: obsolete key
+            stale.append(st)
+            continue
+        since = svc.leaving.setdefault(st.name, now)
+        if now - since >= state.config.node_state_grace_s:
+            stale.append(st)
+    svc.leaving = {n: t for n, t in svc.leaving.items() if n in by_name}
 
     async def delete(st: NodeState) -> None:
-        rbac = "rbac.authorization.k8s.io/v1"
-        for api, kind in (("v1", "ServiceAccount"), (rbac, "RoleBinding"), (rbac, "Role")):
-            await state.kube.delete(api, kind, owner.namespace, st.name)
-        await state.kube.delete("v1", "ConfigMap", owner.namespace, st.name)
+        await state.kube.delete("v1", "ConfigMap", owner.namespace, st.name, st.uid or None)
+        svc.leaving.pop(st.name, None)
 
-    used = {(p.node, p.calibration_key or "") for p in pods}
-    stale = [s for s in states if (s.node, s.key) not in need and (s.node, s.key) not in used]
+    if missing and not await may_create():
+        missing = []
     results = await asyncio.gather(
-        *(create(n, k) for n, k in missing), *(delete(s) for s in stale), return_exceptions=True
+        *(create(n, name) for n, name in missing),
+        *(delete(s) for s in stale),
+        return_exceptions=True,
     )
     for result in results:
         if isinstance(result, BaseException):
-            if not isinstance(result, KubeError | OSError | aiohttp.ClientError | TimeoutError):
+            if not _tolerated(result):
                 raise result
-            svc.errors = (*svc.errors, f"node objects: {result}")
-    present = have | set(svc.ensured)
-    return {n for n, k in placement.keys.items() if (n, k) in present}
+            svc.errors = (*svc.errors, f"node ConfigMaps: {result}")
+    present = set(by_name) | set(svc.ensured)
+    return {n: name for n, name in current.items() if name in present}
+
+
+def _foreign_message(kind: str, name: str) -> str:
+    return (
+        f"{kind} {name!r} exists and is not owned by this OmniService: it is left untouched; "
+        f"rename the OmniService or remove that {kind}"
+    )
+
+
+async def sync_identity(
+    state: OperatorState,
+    owner: builders.Owner,
+    svc: ServiceState,
+    configmaps: list[str],
+    may_create: Callable[[], Awaitable[bool]],
+) -> bool:
+    """The sidecars' ServiceAccount, RoleBinding and Role (patch on the node ConfigMaps),
+    shared by all pods of the OmniService: three writes per OmniService, plus one Role patch
+    per pass that adds or removes ConfigMaps. True when the pods may be created."""
+    names = tuple(sorted(set(configmaps)))
+    if (not svc.identity or svc.role_names != names) and not await may_create():
+        return False
+    if not svc.identity:
+        for body in (builders.sidecar_service_account(owner), builders.sidecar_role_binding(owner)):
+            outcome, _ = await state.kube.create_owned(body, owner.uid)
+            if outcome == "foreign":
+                kind, name = body["kind"], body["metadata"]["name"]
+                svc.foreign[f"{kind}/{name}"] = _foreign_message(kind, name)
+                return False
+        svc.identity = True
+    if svc.role_names != names:
+        role = builders.sidecar_role(owner, list(names))
+        outcome, existing = await state.kube.create_owned(role, owner.uid)
+        if outcome == "foreign":
+            name = role["metadata"]["name"]
+            svc.foreign[f"Role/{name}"] = _foreign_message("Role", name)
+            return False
+        if outcome == "ours" and (existing or {}).get("rules") != role["rules"]:
+            # A merge patch replaces the list: exactly these names, never an empty list.
+            await state.kube.patch(role, {"rules": role["rules"]})
+        svc.role_names = names
+    return True
 
 
 async def sync_service(
-    state: OperatorState, owner: builders.Owner, svc: ServiceState, spec: OmniServiceSpec
+    state: OperatorState,
+    owner: builders.Owner,
+    svc: ServiceState,
+    spec: OmniServiceSpec,
+    may_create: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
-    """The Service in front of the Ready pods: created once, patched when its spec changes."""
+    """The Service in front of the Ready pods: created once, patched when its spec changes,
+    deleted when switched off: each only when the Service is ours (owner reference with our
+    uid). A Service of the name that is someone else's is never touched: Conflict."""
+    key = f"Service/{builders.service_name(owner.name)}"
     if not spec.service.enabled:
+        svc.foreign.pop(key, None)
         if svc.service != {}:  # once per switch-off (also after a restart)
-            name = builders.service_name(owner.name)
-            await state.kube.delete("v1", "Service", owner.namespace, name)
+            body = builders.service(owner, spec)
+            existing = await state.kube.get(body)
+            if existing is not None and owned_by(existing, owner.uid):
+                uid = (existing.get("metadata") or {}).get("uid")
+                await state.kube.delete("v1", "Service", owner.namespace, body["metadata"]["name"],
+                                        uid)  # fmt: skip
             svc.service = {}
         return
     body = builders.service(owner, spec)
-    if svc.service == body["spec"]:
+    if svc.service == body["spec"] and key not in svc.foreign:
         return
-    patch = {"spec": {"internalTrafficPolicy": body["spec"].get("internalTrafficPolicy")}}
-    await state.kube.ensure(body, patch=patch)
+    if may_create is not None and not await may_create():
+        return
+    outcome, existing = await state.kube.create_owned(body, owner.uid)
+    if outcome == "foreign":
+        svc.foreign[key] = _foreign_message("Service", body["metadata"]["name"])
+        svc.service = None
+        return
+    svc.foreign.pop(key, None)
+    if outcome == "ours":
+        want = body["spec"].get("internalTrafficPolicy")
+        if ((existing or {}).get("spec") or {}).get("internalTrafficPolicy") != want:
+            await state.kube.patch(body, {"spec": {"internalTrafficPolicy": want}})
     svc.service = body["spec"]
+
+
+async def secret_refusal(kube: Kube, namespace: str, name: str) -> str | None:
+    """The referenced Secret must carry the allowing label: its metadata only is read
+    (PartialObjectMetadata), never its data."""
+    path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+    status, body = await kube.request("GET", path, ok=(404,), accept=PARTIAL_METADATA)
+    if status == 404:
+        return secret_refusal_message(name, found=False)
+    labels = ((body or {}).get("metadata") or {}).get("labels")
+    return None if secret_labelled(labels) else secret_refusal_message(name, found=True)
+
+
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 def _deleting(meta: Mapping[str, Any] | None) -> bool:
@@ -351,6 +558,34 @@ async def owner_live(kube: Kube, owner: builders.Owner) -> bool:
     return False
 
 
+class _LiveGate:
+    """`still_live`, asked at most once per pass (the first time something is to be created);
+    False at once when kopf's view already shows the deletion."""
+
+    def __init__(
+        self, still_live: Callable[[], Awaitable[bool]] | None, meta: Mapping[str, Any] | None
+    ) -> None:
+        self._ask = still_live
+        self._meta = meta
+        self._answer: bool | None = None
+
+    @property
+    def answer(self) -> bool | None:
+        """What the API server said (None: not asked in this pass)."""
+        return self._answer
+
+    async def __call__(self) -> bool:
+        if _deleting(self._meta):
+            return False
+        if self._answer is None:
+            self._answer = True if self._ask is None else await self._ask()
+        return self._answer
+
+
+def _all_pods(pods_index: Mapping[tuple[str, str], Iterable[PodState]]) -> list[PodState]:
+    return [p for store in pods_index.values() for p in store]
+
+
 async def sync_pods(
     state: OperatorState,
     owner: builders.Owner,
@@ -361,37 +596,51 @@ async def sync_pods(
     claims_index: Mapping[Any, Iterable[tuple[Claim, Mapping[str, Any]]]] | None = None,
     meta: Mapping[str, Any] | None = None,
     still_live: Callable[[], Awaitable[bool]] | None = None,
+    runtime_classes: frozenset[str] | None = None,
+    priority_classes: frozenset[str] | None = None,
 ) -> reconcile.Plan | None:
     """One reconciliation pass; None when the spec is invalid or the OmniService is being
     deleted (then nothing is created: its children go with it).
 
     `meta` is kopf's view, which trails the API server by a watch event: a pass that began
-    before a deletion (its node ConfigMaps take a while on many nodes) would still create pods
-    after it. `still_live`, when given, is asked once before the pass creates any pod."""
+    before a deletion would still create objects after it. `still_live`, when given, is asked
+    before the pass creates anything (ConfigMap, identity, Service or pod)."""
     svc = state.service(owner.namespace, owner.name, owner.uid)
     parsed = state.parsed(svc, raw_spec)
-    if not parsed.valid or parsed.spec is None or parsed.config is None:
-        state.post(owner, svc, "InvalidSpec", parsed.error or "invalid spec")
+    error = name_refusal(owner.name) or parsed.error
+    if error is not None or parsed.spec is None or parsed.config is None:
+        state.post(owner, svc, "InvalidSpec", error or "invalid spec")
         return None
     svc.posted.pop("InvalidSpec", None)
     if _deleting(meta):
         return None
     spec, config = parsed.spec, parsed.config
+    all_pods = _all_pods(pods_index)
     placement = place(
-        state, claim_of(owner, meta), parsed, index_nodes(nodes_index), index_claims(claims_index)
-    )
+        state, claim_of(owner, meta), parsed, index_nodes(nodes_index), index_claims(claims_index),
+        all_pods, runtime_classes, priority_classes,
+    )  # fmt: skip
     svc.conflicts = placement.conflicts
     if placement.conflicts:
         state.post(owner, svc, "Conflict", conflict_message(placement.conflicts))
     else:
         svc.posted.pop("Conflict", None)
-    svc.errors = ()
-    pods = index_pods(pods_index, owner.namespace, owner.name)
-    ready_nodes = await sync_node_objects(
-        state, owner, svc, placement, index_states(states_index, owner.namespace, owner.name),
-        pods, config.model,
-    )  # fmt: skip
-    await sync_service(state, owner, svc, spec)
+    svc.errors = tuple(placement.missing)
+    pods = index_pods(pods_index, owner.namespace, owner.name, owner.uid)
+    states = index_states(states_index, owner.namespace, owner.name, owner.uid)
+    live = _LiveGate(still_live, meta)  # asked once per pass, before the first create
+    configmaps = await sync_node_states(
+        state, owner, svc, placement, states, pods, config.model, live
+    )
+    await sync_service(state, owner, svc, spec, live)
+    identity = await sync_identity(state, owner, svc, list(configmaps.values()), live)
+    if live.answer is False:
+        log.info("%s/%s: being deleted (API server); creating nothing",
+                 owner.namespace, owner.name)  # fmt: skip
+        return None
+    if svc.foreign:
+        state.post(owner, svc, "Conflict", "; ".join(sorted(svc.foreign.values())))
+    ready_nodes = set(configmaps) if identity else set()
     selection = Selection(placement.selection.create & ready_nodes, placement.selection.keep)
     image = parsed.image or state.config.serving_image
     base_hash = parsed.template_hash or ""
@@ -406,10 +655,11 @@ async def sync_pods(
             image=image,
             template_hash=hashes[node],
             node_labels=placement.labels.get(node, {}),
+            node_uid=placement.uids.get(node, ""),
         )
 
     def trust(node: str) -> str:
-        key = (base_hash, node, placement.keys[node])
+        key = (base_hash, node, placement.keys[node], placement.uids.get(node, ""))
         if key not in svc.trust:
             if len(svc.trust) > 4 * max(1, len(placement.keys)):
                 svc.trust.clear()
@@ -424,11 +674,19 @@ async def sync_pods(
     for name in the_plan.drifted:
         log.warning("%s/%s: pod %s drifted from its built spec; replacing it",
                     owner.namespace, owner.name, name)  # fmt: skip
+    if the_plan.create and spec.api_key_secret is not None:
+        refused = await secret_refusal(state.kube, owner.namespace, spec.api_key_secret.name)
+        if refused is not None:
+            svc.errors = (*svc.errors, refused)
+            state.post(owner, svc, "SecretNotAllowed", refused)
+            the_plan = dataclasses.replace(the_plan, create=())
+        else:
+            svc.posted.pop("SecretNotAllowed", None)
     if the_plan.empty:
         if not svc.errors:
             svc.posted.pop("PodCreationFailed", None)
         return the_plan
-    if the_plan.create and still_live is not None and not await still_live():
+    if the_plan.create and not await live():
         log.info("%s/%s: being deleted (API server); creating nothing",
                  owner.namespace, owner.name)  # fmt: skip
         return None
@@ -460,6 +718,36 @@ class Indices:
     pods: Mapping[tuple[str, str], Iterable[PodState]]
     states: Mapping[tuple[str, str], Iterable[NodeState]] | None = None
     claims: Mapping[Any, Iterable[tuple[Claim, Mapping[str, Any]]]] | None = None
+    runtime_classes: Mapping[Any, Iterable[str]] | None = None
+    priority_classes: Mapping[Any, Iterable[str]] | None = None
+
+
+def bound_summaries(
+    owner: builders.Owner, placement: Placement, states: list[NodeState]
+) -> tuple[dict[str, str | None], list[str]]:
+    """node → summary, each read only from the ConfigMap bound to that node (its name); and
+    the ConfigMaps whose labels claim another node than their name binds them to (ignored)."""
+    bound = {
+        builders.node_state_name(owner, n, placement.uids.get(n, ""), k): n
+        for n, k in placement.keys.items()
+    }
+    summaries: dict[str, str | None] = {}
+    mismatched: list[str] = []
+    for st in states:
+        node = bound.get(st.name)
+        if node is not None:
+            summaries[node] = st.summary
+            if st.node and st.node != node:
+                mismatched.append(
+                    f"ConfigMap {st.name} is bound to node {node} but labelled {st.node!r}: "
+                    "its labels are ignored"
+                )
+        elif st.node in placement.keys and st.summary:
+            mismatched.append(
+                f"ConfigMap {st.name} claims node {st.node} but is not bound to it: its "
+                "summary is ignored"
+            )
+    return summaries, sorted(mismatched)
 
 
 def observe(
@@ -471,38 +759,45 @@ def observe(
     svc = state.service(owner.namespace, owner.name, owner.uid)
     meta = body.get("metadata") or {}
     parsed = state.parsed(svc, body.get("spec") or {})
-    if parsed.spec is not None and parsed.config is not None:
+    summaries: dict[str, str | None] = {}
+    name_error = name_refusal(owner.name)
+    if parsed.spec is not None and parsed.config is not None and name_error is None:
         placement = place(
-            state, claim_of(owner, meta), parsed, index_nodes(ix.nodes), index_claims(ix.claims)
-        )
+            state, claim_of(owner, meta), parsed, index_nodes(ix.nodes), index_claims(ix.claims),
+            _all_pods(ix.pods), index_names(ix.runtime_classes), index_names(ix.priority_classes),
+        )  # fmt: skip
         selection, keys = placement.selection, placement.keys
         conflicts = {n: str(w) for n, w in placement.conflicts.items()}
+        states = index_states(ix.states, owner.namespace, owner.name, owner.uid)
+        summaries, mismatched = bound_summaries(owner, placement, states)
+        if mismatched:
+            log.warning("%s/%s: %s", owner.namespace, owner.name, "; ".join(mismatched))
+            state.post(owner, svc, "SummaryIgnored", "; ".join(mismatched))
     else:
         selection, keys, conflicts = Selection(frozenset(), frozenset()), {}, {}
-    summaries = {
-        st.node: st.summary
-        for st in index_states(ix.states, owner.namespace, owner.name)
-        if keys.get(st.node) == st.key
-    }
     hashes = (
         {n: builders.node_hash(parsed.template_hash, k) for n, k in keys.items()}
         if parsed.template_hash
         else None
     )
     enabled = parsed.spec is not None and parsed.spec.service.enabled
+    service_key = f"Service/{builders.service_name(owner.name)}"
+    ours = enabled and name_error is None and service_key not in svc.foreign
     return status.Observed(
         generation=meta.get("generation"),
         spec=parsed.spec,
         config=parsed.config,
-        spec_error=parsed.error,
+        spec_error=name_error or parsed.error,
         selection=selection,
-        pods=index_pods(ix.pods, owner.namespace, owner.name),
+        pods=index_pods(ix.pods, owner.namespace, owner.name, owner.uid),
         template_hash=parsed.template_hash,
         write_errors=svc.errors,
         summaries=summaries,
         node_hashes=hashes,
         conflicts=conflicts,
-        endpoint=builders.endpoint(owner) if enabled else None,
+        # The endpoint only when the Service of that name is ours: never someone else's pods.
+        endpoint=builders.endpoint(owner) if ours else None,
+        foreign=tuple(sorted(svc.foreign.values())),
     )
 
 
@@ -544,6 +839,8 @@ async def run_reconciler(
             await sync_pods(
                 state, owner, body.get("spec") or {}, ix.nodes, ix.pods, ix.states, ix.claims,
                 meta=body.get("metadata"), still_live=live,
+                runtime_classes=index_names(ix.runtime_classes),
+                priority_classes=index_names(ix.priority_classes),
             )  # fmt: skip
             failures = failures + 1 if svc.errors else 0  # refused writes back off too
         except (TimeoutError, KubeError, OSError, aiohttp.ClientError) as exc:

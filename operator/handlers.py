@@ -6,6 +6,8 @@
 * `node_states` (index, ConfigMap): each node's ConfigMap (calibration key, summary), by owner.
 * `omniservice_claims` (index, OmniService): every OmniService with its age, for the one-GPU-
   one-owner rule (`claims.py`).
+* `runtime_classes`, `priority_classes` (index, cluster-scoped, read-only): which exist, so
+  that an OmniService whose class is missing (no pod could ever be admitted) owns no node.
 * `validate` (validating admission webhook, when HORIZONSERVE_WEBHOOK_CERT_DIR is set): the
   whole spec (unknown fields, cross-field rules, size) refused at `kubectl apply`.
 * `reconcile_pods` (daemon, OmniService): one loop per OmniService that keeps one serving pod
@@ -20,6 +22,7 @@ timers must be stopped before the object disappears.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -47,6 +50,9 @@ NODES_INDEX = "gpu_nodes"
 PODS_INDEX = "serving_pods"
 STATES_INDEX = "node_states"
 CLAIMS_INDEX = "omniservice_claims"
+RUNTIME_INDEX = "runtime_classes"
+PRIORITY_INDEX = "priority_classes"
+RELEASE_RETRY_S = (1.0, 30.0)  # first and longest wait between finalizer-release attempts
 
 
 def _post_event(owner: Owner, reason: str, message: str) -> None:
@@ -65,7 +71,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if getattr(memo, "hs", None) is None:  # tests may inject their own state
         memo.hs = controller.OperatorState(CONFIG, kube.from_environment(), events=_post_event)
     if CONFIG.namespace:
-        await finalizer_cleanup.remove_foreign_finalizers(memo.hs.kube, CONFIG.namespace)
+        # In the background, retried until every foreign finalizer is released: the writes
+        # may go through this operator's own webhook, which serves only once startup is done.
+        memo.release = asyncio.create_task(
+            finalizer_cleanup.release_until_done(memo.hs.kube, CONFIG.namespace, *RELEASE_RETRY_S)
+        )
 
 
 @kopf.on.login()
@@ -88,6 +98,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    release: asyncio.Task[Any] | None = getattr(memo, "release", None)
+    if release is not None and not release.done():
+        release.cancel()
     state: controller.OperatorState | None = getattr(memo, "hs", None)
     if state is not None:
         await state.kube.close()
@@ -99,9 +112,9 @@ def _gpu(labels: Any, status: Any, **_: Any) -> bool:
 
 @kopf.index("nodes", id=NODES_INDEX, when=_gpu)
 async def gpu_nodes(
-    name: str, labels: Any, spec: Any, status: Any, memo: kopf.Memo, **_: Any
+    name: str, labels: Any, spec: Any, status: Any, uid: Any, memo: kopf.Memo, **_: Any
 ) -> dict[str, Any]:
-    node = gpu_node(name, labels, spec, status)
+    node = gpu_node(name, labels, spec, status, str(uid or ""))
     memo.hs.node_event(node)
     return {name: node}
 
@@ -146,10 +159,23 @@ async def omniservice_claims(meta: Any, spec: Any, **_: Any) -> dict[Any, Any]:
     return {None: (claim, dict(spec or {}))}
 
 
+@kopf.index("node.k8s.io", "v1", "runtimeclasses", id=RUNTIME_INDEX)
+async def runtime_classes(name: str, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    memo.hs.wake_all()  # a class appearing may make an OmniService servable
+    return {None: name}
+
+
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id=PRIORITY_INDEX)
+async def priority_classes(name: str, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    memo.hs.wake_all()
+    return {None: name}
+
+
 def _indices(kwargs: dict[str, Any]) -> controller.Indices:
     return controller.Indices(
-        kwargs[NODES_INDEX], kwargs[PODS_INDEX], kwargs[STATES_INDEX], kwargs[CLAIMS_INDEX]
-    )
+        kwargs[NODES_INDEX], kwargs[PODS_INDEX], kwargs[STATES_INDEX], kwargs[CLAIMS_INDEX],
+        kwargs[RUNTIME_INDEX], kwargs[PRIORITY_INDEX],
+    )  # fmt: skip
 
 
 @kopf.daemon(*OSVC, id="reconcile_pods", cancellation_timeout=1.0)
@@ -205,4 +231,4 @@ if CONFIG.webhook_cert_dir:
     # server. The chart always gives one (and the ValidatingWebhookConfiguration).
     @kopf.on.validate(*OSVC, id=webhook.WEBHOOK_ID, operations=["CREATE", "UPDATE"])
     def validate(body: kopf.Body, old: Any, subresource: Any, **_: Any) -> None:
-        webhook.admit(body, old, subresource, CONFIG.serving_image)
+        webhook.admit(body, old, subresource, CONFIG.serving_image, CONFIG.policy)

@@ -1,8 +1,9 @@
 """A small async Kubernetes REST client for the children the operator writes.
 
 kopf watches and patches the OmniService itself; this client only creates, patches and
-deletes the namespaced children (pods, the per-node ConfigMap, ServiceAccount, Role and
-RoleBinding, the Service). It shares kopf's
+deletes the namespaced children (pods, the per-node ConfigMap, the sidecars' ServiceAccount,
+Role and RoleBinding, the Service). It patches and deletes only objects whose owner reference
+names the OmniService (`create_owned`, uid preconditions on deletes). It shares kopf's
 event loop (aiohttp, no thread pool), counts its requests (the scale benchmark reports them)
 and takes its credentials from the `kubernetes` package's config loaders, so in-cluster
 service-account tokens and kubeconfig files work the same way they do for kopf's own login.
@@ -105,11 +106,12 @@ class Kube:
         *,
         content_type: str = "application/json",
         ok: tuple[int, ...] = (),
+        accept: str = "application/json",
     ) -> tuple[int, Any]:
         """One call; returns (status, parsed body). Raises KubeError unless 2xx or in `ok`."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        headers = {**self._headers_now(), "Accept": "application/json"}
+        headers = {**self._headers_now(), "Accept": accept}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -134,6 +136,23 @@ class Kube:
         path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
         status, _ = await self.request("POST", path, obj, ok=(409,))
         return "exists" if status == 409 else "created"
+
+    async def get(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The object as stored, or None when it does not exist."""
+        status, body = await self.request("GET", object_path(obj), ok=(404,))
+        return None if status == 404 else body
+
+    async def create_owned(
+        self, obj: Mapping[str, Any], owner_uid: str
+    ) -> tuple[Literal["created", "ours", "foreign"], Mapping[str, Any] | None]:
+        """Create; when the name is taken, tell whether the stored object is ours (an owner
+        reference with `owner_uid`) and return it. A foreign object is never touched."""
+        if await self.create(obj) == "created":
+            return "created", None
+        existing = await self.get(obj)
+        if existing is None:  # deleted in between: the next pass creates it
+            return "foreign", None
+        return ("ours" if owned_by(existing, owner_uid) else "foreign"), existing
 
     async def patch(self, obj: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
         """Merge-patch; False when the object is gone."""
@@ -164,6 +183,12 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         status, _ = await self.request("DELETE", path, body, ok=(404, 409))
         return "gone" if status in (404, 409) else "deleted"
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """An owner reference of the object names `owner_uid` (our OmniService)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return bool(owner_uid) and any(r.get("uid") == owner_uid for r in refs)
 
 
 def _resource_of(path: str) -> str:

@@ -35,6 +35,7 @@ class GpuNode:
     taints: tuple[Mapping[str, str], ...] = ()
     gpus: int = 1
     unschedulable: bool = False
+    uid: str = ""  # binds the node's ConfigMap to this node object
 
 
 def _quantity_int(value: Any) -> int:
@@ -60,7 +61,11 @@ def is_gpu_node(labels: Mapping[str, str], status: Mapping[str, Any]) -> bool:
 
 
 def gpu_node(
-    name: str, labels: Mapping[str, str], spec: Mapping[str, Any], status: Mapping[str, Any]
+    name: str,
+    labels: Mapping[str, str],
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    uid: str = "",
 ) -> GpuNode:
     taints = tuple(
         {k: str(t[k]) for k in ("key", "value", "effect", "timeAdded") if t.get(k) is not None}
@@ -74,6 +79,7 @@ def gpu_node(
         taints=taints,
         gpus=gpu_count(labels, status),
         unschedulable=bool(spec.get("unschedulable")),
+        uid=uid,
     )
 
 
@@ -117,6 +123,15 @@ def placement(
             if now >= start + min(s for s in seconds if s is not None):
                 return False, False
     return True, create
+
+
+def can_serve(spec: OmniServiceSpec, node: GpuNode, now: float, since: TaintClock | None) -> bool:
+    """The OmniService could run a new pod on the node, a cordon aside (a cordon is transient:
+    it never decides who owns a node): labels match and every blocking taint is tolerated."""
+    if not labels_match(spec, node):
+        return False
+    stays, new = placement(spec, dataclasses.replace(node, unschedulable=False), now, since)
+    return stays and new
 
 
 def matches(spec: OmniServiceSpec, node: GpuNode, now: float = 0.0) -> bool:

@@ -1,4 +1,9 @@
-"""What the ConfigMap index keeps about each node's ConfigMap (pure functions over its body)."""
+"""What the ConfigMap index keeps about each node's ConfigMap (pure functions over its body).
+
+`node` and `key` come from labels and annotations, which the sidecar's `patch` could change:
+they are hints (which node a ConfigMap was made for, for its cleanup), never the binding. The
+operator binds a ConfigMap to a node by its name (`builders.node_state_name`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from horizonserve.operator.builders import ANNOTATION_NODE, LABEL_CALIBRATION_KEY, LABEL_NODE
+from horizonserve.operator.pods import owner_uid
 from horizonserve.runtime.config import SUMMARY_KEY
 
 
@@ -20,6 +26,8 @@ class NodeState:
     key: str
     summary: str | None = None  # the sidecar's raw NodeSummary JSON
     artifacts: int = 0  # calibration artifacts stored
+    owner_uid: str = ""
+    uid: str = ""  # the ConfigMap's own uid (delete precondition)
 
 
 def node_state(meta: Mapping[str, Any], data: Mapping[str, Any] | None) -> NodeState:
@@ -33,4 +41,6 @@ def node_state(meta: Mapping[str, Any], data: Mapping[str, Any] | None) -> NodeS
         key=labels.get(LABEL_CALIBRATION_KEY, ""),
         summary=data.get(SUMMARY_KEY),
         artifacts=sum(1 for k in data if k.startswith("artifact.")),
+        owner_uid=owner_uid(meta),
+        uid=str(meta.get("uid", "")),
     )

@@ -31,6 +31,7 @@ class PodState:
     calibrating: bool = False
     trust: str = ""  # builders.trust_view of the live pod spec ("" when unknown)
     calibration_key: str | None = None
+    owner_uid: str = ""  # uid of the controlling OmniService
 
 
 def owner_key(meta: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -43,6 +44,13 @@ def owner_key(meta: Mapping[str, Any]) -> tuple[str, str] | None:
         ):
             return meta.get("namespace", ""), ref["name"]
     return None
+
+
+def owner_uid(meta: Mapping[str, Any]) -> str:
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == models.KIND:
+            return str(ref.get("uid", ""))
+    return ""
 
 
 def _waiting_reason(statuses: list[Mapping[str, Any]] | None) -> str | None:
@@ -86,4 +94,5 @@ def pod_state(
         calibrating=calibrating,
         trust=trust_view(spec) if spec is not None else "",
         calibration_key=labels.get(LABEL_CALIBRATION_KEY),
+        owner_uid=owner_uid(meta),
     )

@@ -14,6 +14,9 @@ Environment (the Helm chart sets the first three):
 | HORIZONSERVE_WEBHOOK_CERT_DIR | "" | tls.crt + tls.key of the webhook; empty: no webhook |
 | HORIZONSERVE_WEBHOOK_ADDR | 0.0.0.0 | where the webhook listens (HTTPS) |
 | HORIZONSERVE_WEBHOOK_PORT | 9443 | the webhook's port |
+| HORIZONSERVE_ALLOWED_REGISTRIES | "" | registries a spec's image may name; "": the default's |
+| HORIZONSERVE_ALLOWED_PRIORITY_CLASSES | "" | PriorityClasses a spec may name; "": not system-* |
+| HORIZONSERVE_NODE_STATE_GRACE | 600 | seconds a node's ConfigMap outlives its node's match |
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import kopf
 
 from horizonserve.operator import models
+from horizonserve.operator.policy import Policy, split_list
 from horizonserve.runtime import __version__
 
 DEFAULT_IMAGE = f"horizonserve:{__version__}"
@@ -58,6 +62,13 @@ class OperatorConfig:
     webhook_cert_dir: str = ""
     webhook_addr: str = "0.0.0.0"
     webhook_port: int = DEFAULT_WEBHOOK_PORT
+    allowed_registries: tuple[str, ...] = ()
+    allowed_priority_classes: tuple[str, ...] = ()
+    node_state_grace_s: float = 600.0
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.allowed_registries, self.allowed_priority_classes)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -76,6 +87,9 @@ class OperatorConfig:
             webhook_cert_dir=env.get("HORIZONSERVE_WEBHOOK_CERT_DIR", "").strip(),
             webhook_addr=env.get("HORIZONSERVE_WEBHOOK_ADDR", "").strip() or "0.0.0.0",
             webhook_port=int(_float(env, "HORIZONSERVE_WEBHOOK_PORT", DEFAULT_WEBHOOK_PORT)),
+            allowed_registries=split_list(env.get("HORIZONSERVE_ALLOWED_REGISTRIES")),
+            allowed_priority_classes=split_list(env.get("HORIZONSERVE_ALLOWED_PRIORITY_CLASSES")),
+            node_state_grace_s=_float(env, "HORIZONSERVE_NODE_STATE_GRACE", 600.0),
         )
 
 

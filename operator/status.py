@@ -89,6 +89,7 @@ class Observed:
     node_hashes: Mapping[str, str] | None = None  # node → expected spec-hash label
     conflicts: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node → winner
     endpoint: str | None = None
+    foreign: Sequence[str] = ()  # objects of our names owned by someone else (untouched)
 
     def expected_hash(self, node: str) -> str | None:
         if self.node_hashes is not None and node in self.node_hashes:
@@ -290,6 +291,8 @@ def _by_modality(classes: Iterable[ClassStatus]) -> ModalityAttainment:
 
 
 def _conflict(obs: Observed) -> tuple[bool, str, str]:
+    if obs.foreign:
+        return True, "NameTakenByForeignObject", _listing(list(obs.foreign))
     if not obs.conflicts:
         return False, "NoConflict", "no matching node is owned by another OmniService"
     shown = sorted(obs.conflicts.items())

@@ -92,11 +92,15 @@ async def test_first_pass_creates_rbac_then_one_pod_per_node(kmock, state) -> No
     kinds = [_resource_of(r.url.path) for r in kmock["post"]]
     first_pod = kinds.index("pods")
     assert sorted(kinds[:first_pod]) == sorted(
-        ["serviceaccounts", "roles", "rolebindings", "configmaps"] * 3 + ["services"]
-    )  # every node's identity and ConfigMap before any pod
-    role = kmock.objects[ROLES, "ns", f"svc-g1-{KEY}"].raw
-    assert role["rules"][0]["resourceNames"] == [f"svc-g1-{KEY}"]  # its own ConfigMap only
+        ["configmaps"] * 3 + ["services", "serviceaccounts", "rolebindings", "roles"]
+    )  # every node's ConfigMap and the shared identity before any pod
+    role = kmock.objects[ROLES, "ns", "svc-sidecar"].raw
+    (rule,) = role["rules"]
+    assert rule["verbs"] == ["patch"] and len(rule["resourceNames"]) == 3  # its ConfigMaps only
+    assert all(name.startswith("svc-g") for name in rule["resourceNames"])
     assert state.kube.requests["POST pods"] == 3
+    # Per node: one ConfigMap and one pod; the identity is per OmniService.
+    assert len(kinds) == 3 * 2 + 4
 
 
 async def test_second_pass_without_index_update_makes_no_requests(kmock, state) -> None:
@@ -122,11 +126,17 @@ async def test_converged_pass_is_silent_and_node_removal_deletes_its_pod(kmock, 
     assert _live_pods(kmock) == {"svc-g1"}
     (delete,) = kmock["delete"]
     assert delete.data["preconditions"] == {"uid": "uid-svc-g2"}  # spares a same-named successor
-    # Once the pod is gone, the node's ConfigMap and identity go too.
+    # Once the pod is gone, the node's ConfigMap stays for the grace period (a drain keeps
+    # the calibration), then goes; the shared identity stays.
+    ix = _ix(kmock, "g1")
+    await controller.sync_pods(state, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
+    assert sorted(_resource_of(r.url.path) for r in kmock["delete"]) == ["pods"]
+    state.config = dataclasses.replace(state.config, node_state_grace_s=0.001)
+    await asyncio.sleep(0.01)
     ix = _ix(kmock, "g1")
     await controller.sync_pods(state, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
     gone = sorted(_resource_of(r.url.path) for r in kmock["delete"])
-    assert gone == ["configmaps", "pods", "rolebindings", "roles", "serviceaccounts"]
+    assert gone == ["configmaps", "pods"]
 
 
 async def test_restart_with_existing_pods_creates_nothing(kmock, state) -> None:
@@ -136,7 +146,8 @@ async def test_restart_with_existing_pods_creates_nothing(kmock, state) -> None:
     posts = len(kmock["post"])
     result = await controller.sync_pods(fresh, OWNER, SPEC, ix.nodes, ix.pods, ix.states)
     assert result.empty
-    assert len(kmock["post"]) == posts + 1  # only the Service's ensure (a 409)
+    # The Service, ServiceAccount, RoleBinding and Role met 409 (then a GET each: ours)
+    assert len(kmock["post"]) == posts + 4
     assert _live_pods(kmock) == {"svc-g1", "svc-g2"}
 
 

@@ -108,7 +108,14 @@ def test_names_are_bounded_and_stable() -> None:
     other = builders.pod_name("a-rather-long-omniservice-name", "gpu-node-" + "x" * 80 + ".lan")
     assert other != long and other[:40] == long[:40]
     assert builders.label_value("n" * 100)[-9] == "-" and len(builders.label_value("n" * 100)) == 63
-    assert builders.node_state_name("svc", "node-1", "abcd1234") == "svc-node-1-abcd1234"
+    owner = builders.Owner("svc", "ns", "uid-1")
+    bound = builders.node_state_name(owner, "node-1", "node-uid", "abcd1234")
+    assert bound.startswith("svc-node-1-") and len(bound) == len("svc-node-1-") + 12
+    assert bound == builders.node_state_name(owner, "node-1", "node-uid", "abcd1234")
+    # Another node object of the same name, another OmniService uid: another ConfigMap.
+    assert bound != builders.node_state_name(owner, "node-1", "new-uid", "abcd1234")
+    other = builders.Owner("svc", "ns", "uid-2")
+    assert bound != builders.node_state_name(other, "node-1", "node-uid", "abcd1234")
 
 
 def _pod(spec_overrides: dict | None = None, node: str = "gpu-7") -> dict:
@@ -158,7 +165,7 @@ def test_serving_pod_shape() -> None:
     assert serving["command"] == ["horizonserve", "serve", "--host", "0.0.0.0", "--port", "8000"]
     assert serving["livenessProbe"]["httpGet"]["path"] == "/health"
     assert serving["readinessProbe"]["httpGet"]["path"] == "/ready"
-    state = builders.node_state_name("qwen-omni", "gpu-7", builders.calibration_key(
+    state = builders.node_state_name(OWNER, "gpu-7", "", builders.calibration_key(
         "Qwen/Qwen2.5-Omni-7B", {}))  # fmt: skip
     for container in (serving, sidecar):
         assert {"readinessProbe", "livenessProbe"} <= set(container)
@@ -174,7 +181,7 @@ def test_serving_pod_shape() -> None:
     assert not any("hostPath" in v for v in spec["volumes"])
     assert volumes["stored"]["configMap"] == {"name": state, "optional": True, "defaultMode": 0o444}
     assert spec["runtimeClassName"] == "nvidia"
-    assert spec["serviceAccountName"] == state
+    assert spec["serviceAccountName"] == "qwen-omni-sidecar"  # shared by the OmniService
     (init,) = spec["initContainers"]
     assert init["command"][-8:] == [
         "horizonserve", "calibrate", "--pipeline", "qwen2_5_omni",
@@ -265,23 +272,34 @@ def test_gpu_discovery_labels_key_the_calibration() -> None:
     assert "GPU NVIDIA-H200" in builders.calibration_for("m", h200)
 
 
-def test_sidecar_rbac_is_its_own_configmap_only() -> None:
-    sa, role, binding, cm = builders.node_objects(OWNER, "gpu-a", "k1", "described")
-    name = "qwen-omni-gpu-a-k1"
-    assert {o["metadata"]["name"] for o in (sa, role, binding, cm)} == {name}
-    assert [o["kind"] for o in (sa, role, binding, cm)] == [
-        "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-    ]  # fmt: skip
+def test_sidecar_rbac_is_the_omniservice_configmaps_only() -> None:
+    sa = builders.sidecar_service_account(OWNER)
+    role = builders.sidecar_role(OWNER, ["cm-b", "cm-a", "cm-a"])
+    binding = builders.sidecar_role_binding(OWNER)
+    name = "qwen-omni-sidecar"
+    assert {o["metadata"]["name"] for o in (sa, role, binding)} == {name}
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
-         "resourceNames": [name]}
+         "resourceNames": ["cm-a", "cm-b"]}
     ]  # fmt: skip
+    # No ConfigMap: no rule at all (an empty resourceNames would mean every ConfigMap).
+    assert builders.sidecar_role(OWNER, [])["rules"] == []
     assert sa["automountServiceAccountToken"] is False
     assert binding["roleRef"]["name"] == name
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "serving"}]
+    cm = builders.node_state(OWNER, "gpu-a", "node-uid", "k1", "described")
     for obj in (sa, role, binding, cm):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
-        assert obj["metadata"]["labels"]["horizonserve.io/calibration-key"] == "k1"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "horizonserve-operator"
+    assert cm["metadata"]["labels"]["horizonserve.io/calibration-key"] == "k1"
+
+
+def test_toleration_seconds_reach_the_pod() -> None:
+    tol = {"key": "maintenance", "operator": "Exists", "effect": "NoExecute",
+           "tolerationSeconds": 300}  # fmt: skip
+    pod = _pod({"tolerations": [tol]})
+    assert tol in pod["spec"]["tolerations"]
+    assert not any("toleration_seconds" in t for t in pod["spec"]["tolerations"])
 
 
 def test_service_selects_the_serving_pods() -> None:
