@@ -389,6 +389,7 @@ class Pipeline:
         self.supervisor_tick_t = 0.0  # monotonic s of the supervisor's last tick
         self.record_repairs = 0  # control-record headers rewritten after corruption
         self._samples_per_second = 1.0
+        self._kv_slots = 0  # shared-stage KV slots (kv_cache_usage_perc's denominator)
 
     @property
     def stage_pids(self) -> list[int]:
@@ -413,8 +414,10 @@ class Pipeline:
         if sms is not None and config.ladder.total != sms:
             log.warning("ladder total %d SMs, device has %d", config.ladder.total, sms)
         self.config = config
+        self.metrics.use_slo_buckets(config.slo.target_s(c.name) for c in config.slo.classes)
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
         preset = get_preset(opts.preset, opts.profile, config.pipeline, **opts.limits)
+        self._kv_slots = preset.thinker_limits.max_batch
         self._samples_per_second = float(
             preset.code2wav.samples_per_code * preset.codes_per_audio_second
         )
@@ -773,7 +776,13 @@ class Pipeline:
             if spec.rid in self._handles:
                 raise ValueError(f"request id {spec.rid!r} is already in flight")
             self._handles[spec.rid] = handle
-        self.metrics.admitted(cls.name)
+        self.metrics.admitted(
+            cls.name,
+            key=(spec.rid, arrival),  # judged at its deadline if no first response by then
+            arrival=arrival,
+            slo_s=costs.target_s,
+            prompt_tokens=spec.input_tokens,
+        )
         self._queues["shared"].put(Admit(spec, arrival, downstream))
         return handle
 
@@ -1046,7 +1055,8 @@ class Pipeline:
             self.trace_received_t = ev.t
             last = rows[-1]
             pressure = last[4]
-            self.metrics.step(last[1], last[2], pressure, last[10])
+            kv = last[5] / self._kv_slots if self._kv_slots else None  # decode batch / slots
+            self.metrics.step(last[1], last[2], pressure, last[10], kv)
             return
         if kind == TOKENS:
             with self._lock:
@@ -1098,7 +1108,9 @@ class Pipeline:
                 rec.info.update({k: v for k, v in data.items() if k != "scheduled"})
                 if "samples" in data:
                     self._playback(rec, ev.t, data["samples"])
-                self.metrics.first_response_at(ev.t, rec.class_name, ev.t - rec.arrival, rec.slo_s)
+                self.metrics.first_response_at(
+                    ev.t, rec.class_name, ev.t - rec.arrival, rec.slo_s, key=(rec.rid, rec.arrival)
+                )
             handle.first.set()
         elif kind == CHUNK:
             self._playback(rec, ev.t, data["samples"])
@@ -1106,11 +1118,15 @@ class Pipeline:
             rec.handoff = ev.t
             rec.shared_tpot_s = data.get("tpot")
             rec.shared_tokens = data.get("tokens")
+            if data.get("preempted"):
+                rec.info["preempted"] = data["preempted"]
         elif kind == DONE:
             rec.done = ev.t
             if ev.stage == "shared":
                 rec.shared_tpot_s = data.get("tpot")
                 rec.shared_tokens = data.get("tokens")
+                if data.get("preempted"):
+                    rec.info["preempted"] = data["preempted"]
             self._retire(handle)
             return
         elif kind == ERROR:
@@ -1138,7 +1154,15 @@ class Pipeline:
                 return False
             del self._handles[rec.rid]
         self.finished.append(rec)
-        self.metrics.finished(rec.class_name, rec.failure, rec.done, rec.arrival)
+        self.metrics.finished(
+            rec.class_name,
+            rec.failure,
+            rec.done,
+            rec.arrival,
+            key=(rec.rid, rec.arrival),
+            now=time.monotonic(),
+            record=rec,
+        )
         handle.first.set()
         handle.done.set()
         handle.notify(DONE if rec.failure is None else ERROR, {})

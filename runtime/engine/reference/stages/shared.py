@@ -323,6 +323,8 @@ class SharedStage:
         t = self._clock()
         data = {"scheduled": job.scheduled, "tpot": tpot_of(seq.token_times)}
         data["tokens"] = seq.generated
+        if job.sig.preempted:
+            data["preempted"] = job.sig.preempted
         target = job.admit.downstream
         if target is not None:
             dims = self.preset
