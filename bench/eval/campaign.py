@@ -46,8 +46,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from compaction import compact_members, rows_at_ns, steps_at_ns  # bench/eval, beside this file
+
 from horizonserve.runtime import cli_types as ck
-from horizonserve.runtime.calibrate.records import rows_at_ns
 from horizonserve.runtime.sim import systems as _registry  # the one name per system
 
 log = logging.getLogger("campaign")
@@ -921,13 +922,11 @@ def cmd_carry(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    """Committed sessions' records and step traces to xz (`records.compact_members`): the same
-    bytes, about a quarter smaller; every reader takes either. `--steps-at-ns` also rounds the
-    step traces' floats to 1 ns (`records.steps_at_ns`), as runs now write them. A linked
+    """Committed sessions' records and step traces to xz (`compaction.compact_members`): the
+    same bytes, about a quarter smaller; every reader takes either. `--steps-at-ns` also rounds
+    the step traces' floats to 1 ns (`compaction.steps_at_ns`), as runs now write them. A linked
     session is compacted once, where it lives. Not for a session being run: `run` appends gzip
     members."""
-    from horizonserve.runtime.calibrate.records import compact_members, steps_at_ns
-
     sessions = sorted(
         {s.parent.resolve() for root in args.dirs for s in Path(root).rglob("summary.json")}
     )

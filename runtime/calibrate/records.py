@@ -5,8 +5,9 @@ points: rate, long-path share, seed, duration and the request list; items: point
 repetition; the SLO table) and one folder per device session `s*/` with `summary.json` (item
 status, which items were run again) and `records.jsonl.gz`: one gzip member per item, a JSON
 line per request (class, path, arrival offset, first response, `slo_met`); `steps.jsonl.gz`
-likewise holds the engine's step trace. A finished session may be compacted (`compact_members`):
-the same JSON lines, byte for byte, in one xz stream `*.jsonl.xz`. An item counts from
+likewise holds the engine's step trace. A finished session may be stored compacted
+(`bench/eval/compaction.py`): the same JSON lines, byte for byte, in one xz stream
+`*.jsonl.xz`; the readers here take either. An item counts from
 the last session that ran it with status ok, where a later session replaces an earlier one only
 when it re-ran it on purpose (`redo`) — the rule of the campaign's own report. A session named
 `sNN-repeat` (`REPEAT_SUFFIX`: runs added later, which the report counts as further
@@ -94,7 +95,7 @@ def _member_bytes(path: Path, *, whole: bool = False) -> bytes:
 
 def read_members(path: Path) -> list[Any]:
     """JSON lines from `path`, a file of concatenated gzip members (`_member_bytes`), or from
-    its compacted copy (`X.jsonl.gz` -> `X.jsonl.xz`, `compact_members`); missing: empty."""
+    its compacted copy (`X.jsonl.gz` -> `X.jsonl.xz`, bench/eval/compaction.py); missing: empty."""
     if path.exists():
         text = _member_bytes(path)
     elif (xz := path.with_suffix(".xz")).exists():
@@ -102,50 +103,6 @@ def read_members(path: Path) -> list[Any]:
     else:
         return []
     return [json.loads(line) for line in text.decode().splitlines() if line.strip()]
-
-
-def compact_members(path: Path) -> int:
-    """Replace the gzip members at `path` (`X.jsonl.gz`) by one xz stream of the same bytes
-    (`X.jsonl.xz`, about a quarter smaller), checked before the original is removed. For a
-    finished session only: a run appends gzip members. Returns the bytes saved."""
-    text = _member_bytes(path, whole=True)
-    packed = lzma.compress(text, preset=9 | lzma.PRESET_EXTREME)
-    if lzma.decompress(packed) != text:  # pragma: no cover - lzma's own guarantee
-        raise RuntimeError(f"{path}: the xz copy does not read back the same")
-    xz = path.with_suffix(".xz")
-    _replace_bytes(xz, packed)
-    saved = path.stat().st_size - len(packed)
-    path.unlink()
-    return saved
-
-
-def rows_at_ns(rows: list[list[Any]]) -> list[list[Any]]:
-    """A step trace's rows with every float rounded to 1 ns. Its floats are perf_counter
-    readings and differences (the clock counts whole nanoseconds) and quantities derived from
-    them or from NVML ratios; the digits below 1e-9 are float noise, and dropping them takes
-    about 40 % off the compressed trace."""
-    return [[round(x, 9) if isinstance(x, float) else x for x in row] for row in rows]
-
-
-def steps_at_ns(path: Path) -> int:
-    """Rewrite a finished session's compacted step trace (`steps.jsonl.xz`) with `rows_at_ns`;
-    every other field unchanged. Returns the bytes saved (0 where already at 1 ns)."""
-    lines = []
-    for member in read_members(path.with_suffix(".gz")):
-        member["rows"] = rows_at_ns(member["rows"])
-        lines.append(json.dumps(member) + "\n")
-    packed = lzma.compress("".join(lines).encode(), preset=9 | lzma.PRESET_EXTREME)
-    saved = path.stat().st_size - len(packed)
-    if saved > 0:
-        _replace_bytes(path, packed)
-    return max(saved, 0)
-
-
-def _replace_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary beside it: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 @dataclass(frozen=True)

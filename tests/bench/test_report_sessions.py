@@ -73,7 +73,9 @@ def test_the_controller_a_session_records_decides_and_unknown_ones_count(tmp_pat
 def test_a_compacted_session_reads_back_the_same(tmp_path: Path) -> None:
     """`campaign.py compact` rewrites a finished session's gzip members as one xz stream of the
     same bytes; every reader takes either; a truncated member is refused, not dropped."""
-    from horizonserve.runtime.calibrate.records import compact_members, read_members
+    from horizonserve.runtime.calibrate.records import read_members
+
+    compact_members = load_eval_script("compaction").compact_members
 
     _plan(tmp_path / "plan.json.gz", {})
     _session(tmp_path, "s00", {"plan_sha256": "0" * 64}, ITEMS)

@@ -6,9 +6,10 @@ time-sliced baselines above MPS, which the GPU does not.
 """
 
 import json
+from pathlib import Path
 
-fitted = json.load(open("runtime/data/calibration/h200-fitted.json"))
-measured = json.load(open("runtime/data/calibration/h200-measured.json"))
+fitted = json.loads(Path("runtime/data/calibration/h200-fitted.json").read_text())
+measured = json.loads(Path("runtime/data/calibration/h200-measured.json").read_text())
 base = dict(measured)
 q = base["pipelines"]["qwen2_5_omni"]
 old = fitted["pipelines"]["qwen2_5_omni"]["sharing"]["timeslice_downstream_factor"]
@@ -17,4 +18,4 @@ q["notes"]["sharing.timeslice_downstream_factor"] = (
     f"carried: {old:.4f}, fitted to the time-sliced runs of bench/results/h200-eval/"
     "qwen2_5_omni-2 (the 30-sample calibration measured 1.915 in situ)"
 )
-open("bench/results/sim-fit-h200-2/base.json", "w").write(json.dumps(base, indent=1) + "\n")
+Path("bench/results/sim-fit-h200-2/base.json").write_text(json.dumps(base, indent=1) + "\n")
