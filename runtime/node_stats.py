@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -66,12 +67,21 @@ def read_stats(path: Path) -> tuple[list[ClassSummary], float, float] | None:
     unreadable, too large, not JSON, wrong shape, invalid class entries, non-finite numbers.
     """
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATS_BYTES + 1)
+        # Non-blocking, and only a regular file: a FIFO or device at the path never blocks.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"stats file {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"stats file {path}: not a regular file; remove it")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_STATS_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"stats file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_STATS_BYTES:
         raise ValueError(f"stats file {path}: larger than {MAX_STATS_BYTES} bytes")
     try:

@@ -11,7 +11,11 @@ Three jobs, one loop:
   * summary — every `--interval` seconds build a NodeSummary from the serving process's stats
     file and publish it as the pod annotation the operator aggregates.
 Bad input never ends the process: a malformed stats file, a broken artifact, an API server
-away or a failing relay are logged and carried in the next summary's `errors`. Configuration
+away or a failing relay are logged and carried in the next summary's `errors`; a stats file
+older than `STATS_MAX_AGE_S` (the serving process stopped writing) is reported, not published
+as current. HTTP is guarded as the serving process's is (`http_protocol`): a deadline for
+request heads (idle connections included), TCP_NODELAY, a per-client connection cap, header
+bounds, and /healthz outside the connection cap. Configuration
 comes from the environment the operator sets (names in runtime.config and below); the bind
 address is explicit (`--host` / $HORIZONSERVE_METRICS_HOST, default 127.0.0.1).
 """
@@ -43,6 +47,10 @@ SERVING_METRICS_URL_ENV = "HORIZONSERVE_SERVING_METRICS_URL"  # what /metrics re
 DEFAULT_SERVING_METRICS_URL = "http://127.0.0.1:8000/metrics"
 RELAY_TIMEOUT_S = 2.0
 RELAY_MAX_BYTES = 8 << 20
+STATS_MAX_AGE_S = 120.0  # an older stats file is not the serving process's current state
+HEADER_TIMEOUT_S = 5.0  # a connection's request head (or its next one) must arrive by then
+MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_CLIENT = 8
 
 
 class Publisher(Protocol):
@@ -173,6 +181,13 @@ class Sidecar:
             self._error(str(exc))
             stats = None
         classes, window_s = ([], 300.0) if stats is None else stats[:2]
+        if stats is not None and unix_now - stats[2] > STATS_MAX_AGE_S:
+            age = unix_now - stats[2]
+            self._error(
+                f"stats file {self.stats_file} is {age:.0f} s old (over {STATS_MAX_AGE_S:g} s): "
+                "the serving process stopped writing it; not published as current"
+            )
+            classes = []
         return cfg.NodeSummary(
             node=self.node,
             timestamp=unix_now,
@@ -256,19 +271,27 @@ class SidecarHttp:
     """uvicorn in a daemon thread (its own loop; the publish loop keeps the main thread)."""
 
     def __init__(self, app: Any, host: str, port: int) -> None:
-        import socket
-
         import uvicorn
 
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        from horizonserve.runtime.engine.reference.http_protocol import (
+            guarded_protocol,
+            tcp_socket,
+        )
+
+        self._sock = tcp_socket(host, port)
+        protocol = guarded_protocol(
+            "SidecarH11",
+            header_timeout_s=HEADER_TIMEOUT_S,
+            max_per_client=MAX_CONNECTIONS_PER_CLIENT,
+            probe_paths=frozenset({"/healthz"}),
+        )
         config = uvicorn.Config(
             app,
+            http=protocol,
             backlog=256,
-            limit_concurrency=64,
+            limit_concurrency=MAX_CONNECTIONS,
             timeout_keep_alive=5,
+            h11_max_incomplete_event_size=16 * 1024,
             lifespan="off",
             access_log=False,
             log_level="warning",

@@ -35,6 +35,7 @@ class ApiError(Exception):
         *,
         headers: dict[str, str] | None = None,
         reason: str = "invalid",
+        counted: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -42,6 +43,7 @@ class ApiError(Exception):
         self.message = message
         self.headers = headers or {}
         self.reason = reason  # the rejection counter's label
+        self.counted = counted  # the pipeline counted this refusal already
 
     def body(self) -> dict[str, Any]:
         return {"error": f"{self.field}: {self.message}", "field": self.field}
@@ -56,6 +58,11 @@ class ApiLimits:
     max_image_steps: int = 200  # downstream_tokens of an image request
     max_images: int = 16
     max_seconds: float = MAX_SECONDS
+    # Prompt tokens of the media (the shared stage's `prompt_len`): prompt + output tokens
+    # must fit one KV slot (`max_tokens`), or the stage would trim the prompt.
+    tokens_per_audio_second: int = 25
+    tokens_per_video_second: int = 128
+    tokens_per_image: int = 256
 
     @classmethod
     def for_preset(cls, preset: PipelinePreset) -> ApiLimits:
@@ -63,7 +70,22 @@ class ApiLimits:
             max_tokens=preset.thinker_limits.max_len,
             max_speech_codes=preset.talker_limits.max_len,
             max_image_steps=max(100, 4 * preset.dit.steps),
+            tokens_per_audio_second=preset.tokens_per_audio_second,
+            tokens_per_video_second=preset.tokens_per_video_second,
+            tokens_per_image=preset.tokens_per_image,
         )
+
+    def prompt_tokens(self, req: GenerateRequest) -> int:
+        """The request's shared-stage prompt length (text + audio + video + images)."""
+        n = req.input_tokens + round(req.audio_seconds * self.tokens_per_audio_second)
+        n += round(req.video_seconds * self.tokens_per_video_second)
+        return max(1, n + req.images * self.tokens_per_image)
+
+    def downstream_bound(self, downstream: str | None) -> tuple[int, str]:
+        """The downstream_tokens bound of a class whose long path is `downstream`."""
+        if downstream == "image":
+            return self.max_image_steps, "denoising steps"
+        return self.max_speech_codes, "speech codes"
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)]
@@ -104,6 +126,15 @@ class GenerateRequest(BaseModel):
             top = max(limits.max_speech_codes, limits.max_image_steps)
             if self.downstream_tokens > top:
                 raise ApiError(400, "downstream_tokens", f"at most {top}")
+        prompt = limits.prompt_tokens(self)
+        if prompt + self.output_tokens > limits.max_tokens:
+            raise ApiError(
+                400,
+                "input_tokens",
+                f"the prompt ({prompt} tokens with its audio, video and images) plus "
+                f"output_tokens ({self.output_tokens}) exceeds the {limits.max_tokens} tokens "
+                "of a KV slot; send a shorter input or ask fewer output tokens",
+            )
         if self.priority is None and self.class_ is None:
             raise ApiError(
                 400, "priority", "give 'priority' (0 text, 10 audio, 20 image) or 'class'"

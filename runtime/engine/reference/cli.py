@@ -1,21 +1,31 @@
-"""`horizonserve serve`: run the reference stage pipeline behind its HTTP API."""
+"""`horizonserve serve`: run the reference stage pipeline behind its HTTP API.
+
+Every option is checked before anything starts: numbers while the command line is parsed
+(`cli_types`), the rest (files, the config, classes, addresses, keys, the device) by
+`option_problem`; a bad value is one line naming the option, exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from horizonserve.runtime.cli_types import bounded, positive, positive_int
 from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.engine.reference.access import (
     API_KEY_ENV,
     API_KEY_FILE_ENV,
     access_policy,
+    read_key_file,
 )
 from horizonserve.runtime.engine.reference.pipeline import (
     DOWNSTREAM_STAGES,
@@ -55,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1; in a pod give the pod IP or 0.0.0.0)",
     )
-    net.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any)")
+    net.add_argument(
+        "--port",
+        type=bounded(0, 65535, integer=True),
+        default=8000,
+        help="port (default 8000; 0: any)",
+    )
     net.add_argument(
         "--api-key",
         default=None,
@@ -73,27 +88,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="classes the --api-key (or, without keys, anyone) may request, comma separated "
         "(default: all)",
     )
-    net.add_argument("--backlog", type=int, default=2048, help="listen backlog")
-    net.add_argument("--max-connections", type=int, default=1024, help="open connections")
+    net.add_argument(
+        "--backlog", type=bounded(1, 65535, integer=True), default=2048, help="listen backlog"
+    )
+    net.add_argument(
+        "--max-connections",
+        type=bounded(1, 100_000, integer=True),
+        default=1024,
+        help="open connections (default 1024; /health and /ready are served beyond it)",
+    )
+    net.add_argument(
+        "--max-connections-per-client",
+        type=positive_int,
+        default=None,
+        help="open connections one client address may hold (default: half --max-connections)",
+    )
     net.add_argument("--served-model-name", default=None, help="the metrics' model_name label")
     sup = parser.add_argument_group("supervision")
     sup.add_argument(
         "--hang-timeout",
-        type=float,
+        type=bounded(0.1, 3600),
         default=5.0,
         help="seconds without a stage heartbeat before the stage is restarted (default 5)",
     )
     sup.add_argument(
         "--restart-backoff",
-        type=float,
+        type=bounded(0, 3600, low_open=True),
         default=0.5,
         help="seconds before the first restart of a failed stage; doubles up to 30 (default 0.5)",
     )
     sup.add_argument("--no-supervise", action="store_true", help="never restart a failed stage")
-    parser.add_argument("--max-batch", type=int, help="shared-stage KV slots")
-    parser.add_argument("--max-len", type=int, help="shared-stage tokens per slot")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per stage (CPU)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-batch", type=bounded(1, 4096, integer=True), help="shared-stage KV slots"
+    )
+    parser.add_argument(
+        "--max-len", type=bounded(2, 65536, integer=True), help="shared-stage tokens per slot"
+    )
+    parser.add_argument(
+        "--threads",
+        type=bounded(1, 1024, integer=True),
+        default=1,
+        help="torch threads per stage (CPU)",
+    )
+    parser.add_argument("--seed", type=bounded(0, 2**32 - 1, integer=True), default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip per-level warm-up")
     parser.add_argument(
         "--stats-file",
@@ -103,7 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "/dev/shm/horizonserve/node-stats.json)",
     )
     parser.add_argument(
-        "--stats-interval", type=float, default=5.0, help="seconds between stats-file writes"
+        "--stats-interval",
+        type=positive,
+        default=5.0,
+        help="seconds between stats-file writes",
     )
 
 
@@ -114,10 +154,10 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
     policy = args.policy or (config.policy.value if config else PolicyName.HORIZON.value)
     downstream = tuple(s.strip() for s in args.downstream.split(",") if s.strip())
     limits: dict[str, Any] = {}
-    if args.max_batch:
-        limits["max_batch"] = args.max_batch
-    if args.max_len:
-        limits["max_len"] = args.max_len
+    if args.max_batch is not None:
+        limits["max_batch"] = int(args.max_batch)
+    if args.max_len is not None:
+        limits["max_len"] = int(args.max_len)
     return PipelineOptions(
         preset=args.preset,
         device=args.device,
@@ -125,14 +165,16 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
         config=config,
         downstream=downstream,
         mps=args.mps,
-        seed=args.seed,
-        threads=args.threads,
+        seed=int(args.seed),
+        threads=int(args.threads),
         warmup=not args.no_warmup,
         limits=limits,
         supervise=not args.no_supervise,
         hang_timeout_s=args.hang_timeout,
         restart=RestartPolicy(initial_s=args.restart_backoff),
-        model_name=args.served_model_name or "",
+        # One model_name on the serving and the sidecar's metrics: the config's model.
+        model_name=args.served_model_name
+        or (config.model if config else f"reference/{args.preset}"),
     )
 
 
@@ -156,6 +198,73 @@ class StatsWriter:
             write_stats(self.path, classes, metrics.window.window_s, time.time())
         except OSError as exc:
             log.warning("cannot write stats file %s: %s", self.path, exc)
+
+
+def _config_of(args: argparse.Namespace) -> tuple[ServingConfig | None, str | None]:
+    if args.config is None:
+        return None, None
+    try:
+        return ServingConfig.model_validate_json(args.config.read_text()), None
+    except OSError as exc:
+        return None, f"--config: cannot read {args.config} ({exc.strerror or exc})"
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        detail = " ".join(first[:3])[:300]
+        return None, f"--config: {args.config} is not a valid ServingConfig ({detail})"
+
+
+def option_problem(args: argparse.Namespace) -> str | None:
+    """One line naming the first bad option (and how to fix it), or None. Checks what argparse
+    cannot: files, the config and its classes, the downstream stages, the address, the keys,
+    and options that depend on each other."""
+    config, problem = _config_of(args)
+    if problem:
+        return problem
+    if config is None:
+        from horizonserve.runtime.engine.reference.defaults import reference_config
+
+        config = reference_config(args.preset)
+    known = set(DOWNSTREAM_STAGES)
+    stages = [x.strip() for x in args.downstream.split(",") if x.strip()]
+    bad = [x for x in stages if x not in known]
+    if bad:
+        return f"--downstream: unknown stage(s) {bad}; choose from {sorted(known)} or give ''"
+    try:
+        ipaddress.ip_address(args.host)
+    except ValueError:
+        try:
+            socket.getaddrinfo(args.host, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            return f"--host: {args.host!r} is not an address or a name this host resolves"
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and (not key.strip() or any(c.isspace() for c in key.strip())):
+        where = "--api-key" if args.api_key is not None else f"${API_KEY_ENV}"
+        return f"{where}: blank or containing spaces; give a key of visible characters"
+    key_file = args.api_key_file or (
+        Path(os.environ[API_KEY_FILE_ENV]) if os.environ.get(API_KEY_FILE_ENV) else None
+    )
+    if key_file is not None:
+        try:
+            read_key_file(key_file)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            detail = f"{key_file}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+            return f"--api-key-file: {detail}"
+    names = {c.name for c in config.slo.classes}
+    if args.allowed_classes is not None:
+        given = [c.strip() for c in args.allowed_classes.split(",") if c.strip()]
+        unknown = sorted(set(given) - names)
+        if not given or unknown:
+            return (
+                f"--allowed-classes: unknown class(es) {unknown or given}; known: {sorted(names)}"
+            )
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        return "--served-model-name: empty; give the model name the metrics should carry"
+    per_client = args.max_connections_per_client
+    if per_client is not None and per_client > args.max_connections:
+        return f"--max-connections-per-client: {per_client:g} is above --max-connections"
+    if args.stats_file is not None and args.stats_file.is_dir():
+        return f"--stats-file: {args.stats_file} is a folder; give a file path"
+    return None
 
 
 def device_problem(device: str) -> str | None:
@@ -184,14 +293,19 @@ def device_problem(device: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from horizonserve.runtime.engine.reference.server import ApiServer, ServerSettings
 
-    problem = device_problem(args.device)
+    problem = option_problem(args) or device_problem(args.device)
     if problem is not None:
         print(f"horizonserve serve: error: {problem}", file=sys.stderr)
         return 2
     keys, anonymous = access_policy(args.api_key, args.api_key_file, args.allowed_classes)
     settings = ServerSettings(
-        backlog=args.backlog,
-        max_connections=args.max_connections,
+        backlog=int(args.backlog),
+        max_connections=int(args.max_connections),
+        max_connections_per_client=(
+            None
+            if args.max_connections_per_client is None
+            else int(args.max_connections_per_client)
+        ),
         api_keys=keys,
         anonymous_classes=anonymous,
     )
@@ -200,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(options_from_args(args))
     stop = threading.Event()
     # Bind before the (slow) stage start-up: a taken port fails at once.
-    server = ApiServer(pipeline, args.host, args.port, settings)
+    server = ApiServer(pipeline, args.host, int(args.port), settings)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: refusing new requests and shutting down", signum)
@@ -229,7 +343,9 @@ def run(args: argparse.Namespace) -> int:
             if not server.running:
                 log.error("the HTTP server stopped")
                 return 1
-            if pipeline.live():
+            # A stage that keeps failing leaves its classes degraded; the process ends only
+            # when no class can be served and the pipeline cannot recover by itself.
+            if pipeline.live() or pipeline.ready():
                 not_live_since = None
             elif not_live_since is None:
                 not_live_since = time.monotonic()

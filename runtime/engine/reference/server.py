@@ -4,7 +4,9 @@ POST /v1/requests   JSON body (api_models.GenerateRequest) → 200 at the first 
                     the request's record; "stream": true → Server-Sent Events until it ends
 GET  /health        liveness: 200 while the pipeline can recover by itself, else 503
 GET  /ready         readiness: 200 while some class can be served (body: degraded classes)
-GET  /healthz       everything: stages, heartbeats, restarts, degraded classes
+GET  /healthz       everything: stages, pids, heartbeats, restarts, fault reasons, degraded
+                    classes — to a caller with a valid API key (without keys: a loopback
+                    caller); anyone else gets {"ok": ...} only
 GET  /metrics       Prometheus text (runtime.metrics names, `horizonserve:` prefix)
 
 Errors are JSON {"error": "<field>: <what to do>", "field": "<field>"}: 400 bad field, 401
@@ -13,11 +15,13 @@ missing or wrong API key, 403 class not allowed for the key, 404/405 route, 408 
 stops, 504 no first response within timeout_s. A client that disconnects, or whose timeout
 passes, has its request cancelled in every stage.
 
-Connections (`ServerSettings`): listen backlog, a cap on open connections (503 beyond), a
-deadline for a request's headers (`GuardedH11Protocol`) and one for its body, keep-alive
-timeout. An oversize body is refused with `Connection: close` and never read, so a request
-hidden in it is never parsed; the close is staged (`http_protocol`) so the refusal reaches the
-client before the connection goes.
+Connections (`ServerSettings`): listen backlog, a cap on open connections (503 beyond) that
+/health and /ready ignore, a cap per client address (its further connections are closed at
+once), a deadline for a request's headers (`GuardedH11Protocol`) and one for its body,
+keep-alive timeout, TCP_NODELAY, header count and size bounds (431), CL + TE refused. An
+oversize body is refused with `Connection: close` and never read, so a request hidden in it is
+never parsed; the close is staged (`http_protocol`) so the refusal reaches the client before
+the connection goes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import hmac
 import json
 import logging
 import math
-import socket
 import threading
 import time
 import uuid
@@ -40,6 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from horizonserve.runtime.engine.reference.api_models import (
     MAX_BODY_BYTES,
@@ -49,7 +53,12 @@ from horizonserve.runtime.engine.reference.api_models import (
     parse_body,
     validate_request,
 )
-from horizonserve.runtime.engine.reference.http_protocol import GuardedH11Protocol
+from horizonserve.runtime.engine.reference.http_protocol import (
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    guarded_protocol,
+    tcp_socket,
+)
 from horizonserve.runtime.engine.reference.pipeline import (
     CANCELLED,
     REJECTED,
@@ -59,6 +68,7 @@ from horizonserve.runtime.engine.reference.pipeline import (
     PipelineError,
     RequestHandle,
     StageUnavailableError,
+    downstream_of,
 )
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import (
@@ -79,7 +89,10 @@ class ServerSettings:
     """HTTP-side limits and access policy of the reference server."""
 
     backlog: int = 2048  # listen queue (Python's default of 5 reset connections under load)
-    max_connections: int = 1024  # open connections; beyond, uvicorn answers 503
+    max_connections: int = 1024  # open connections; beyond, 503 (not /health, /ready)
+    max_connections_per_client: int | None = None  # per peer address; None: half the cap
+    max_headers: int = MAX_HEADERS  # header fields of a request; beyond, 431
+    max_header_bytes: int = MAX_HEADER_BYTES  # their bytes; beyond, 431
     header_timeout_s: float = 10.0  # a request's headers must be complete by then
     body_timeout_s: float = 10.0  # ... and its body
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
@@ -116,6 +129,17 @@ class _Api:
         self.settings = settings
         self.limits = ApiLimits.for_preset(get_preset(pipeline.options.preset))
 
+    def authenticated(self, request: Request) -> bool:
+        """A caller with a valid API key; without keys configured, a loopback caller."""
+        if not self.settings.api_keys:
+            host = request.client.host if request.client else ""
+            return host in ("127.0.0.1", "::1", "localhost")
+        try:
+            self.allowed_classes(request)
+        except ApiError:
+            return False
+        return True
+
     # -- access -----------------------------------------------------------------------------
     def allowed_classes(self, request: Request) -> frozenset[str] | None:
         """Classes this caller may request (None: all); ApiError 401 without a valid key."""
@@ -124,8 +148,8 @@ class _Api:
             return self.settings.anonymous_classes
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() == "bearer" and token:
-            given = token.strip().encode()
+        given = token.strip().encode()
+        if scheme.lower() == "bearer" and given:
             for key, classes in keys.items():
                 if hmac.compare_digest(given, key.encode()):
                     return classes
@@ -162,6 +186,11 @@ class _Api:
                 f"class {name!r} is not allowed for this key; allowed: {sorted(allowed)}",
                 reason="forbidden",
             )
+        if req.downstream_tokens is not None:  # each long path has its own bound
+            cls = next(c for c in slo.classes if c.name == name)
+            top, what = self.limits.downstream_bound(downstream_of(cls))
+            if req.downstream_tokens > top:
+                raise ApiError(400, "downstream_tokens", f"at most {top} {what} for class {name!r}")
         return name
 
     async def read_body(self, request: Request) -> bytes:
@@ -189,6 +218,11 @@ class _Api:
 
         try:
             await asyncio.wait_for(read(), self.settings.body_timeout_s)
+        except ClientDisconnect:  # closed mid-body: counted, one debug line, no answer
+            log.debug("client closed the connection mid-body")
+            raise ApiError(
+                499, "body", "the client closed the connection mid-body", reason="client_closed"
+            ) from None
         except TimeoutError:
             raise ApiError(
                 408,
@@ -209,7 +243,8 @@ class _Api:
             class_name = self.resolve_class(req, allowed)
             return await self._run(request, req, class_name, arrival)
         except ApiError as err:
-            self.pipeline.metrics.rejected(class_name, err.reason)
+            if not err.counted:
+                self.pipeline.metrics.rejected(class_name, err.reason)
             return _error(err)
 
     async def _run(
@@ -238,8 +273,13 @@ class _Api:
             handle = pipeline.submit(spec, arrival, listener)
         except StageUnavailableError as exc:
             retry = str(math.ceil(exc.retry_after_s))
-            raise ApiError(
-                503, "class", str(exc), headers={"Retry-After": retry}, reason="unavailable"
+            raise ApiError(  # the pipeline counted it
+                503,
+                "class",
+                str(exc),
+                headers={"Retry-After": retry},
+                reason="unavailable",
+                counted=True,
             ) from None
         except PipelineError as exc:
             raise ApiError(
@@ -355,9 +395,12 @@ class _Api:
         body = {"ready": ready, "degraded": pipeline.degraded()}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    def healthz(self) -> Response:
+    def healthz(self, request: Request) -> Response:
         health = self.pipeline.health()
-        return JSONResponse(_jsonable(health), status_code=200 if health["ok"] else 503)
+        status = 200 if health["ok"] else 503
+        if not self.authenticated(request):  # pids and fault reasons only to the operator
+            return JSONResponse({"ok": health["ok"]}, status_code=status)
+        return JSONResponse(_jsonable(health), status_code=status)
 
     def metrics(self) -> Response:
         self.pipeline.refresh_metrics()
@@ -414,7 +457,11 @@ def create_app(pipeline: Pipeline, settings: ServerSettings | None = None) -> Fa
 
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/ready", api.ready, methods=["GET"])
-    app.add_api_route("/healthz", api.healthz, methods=["GET"])
+
+    @app.get("/healthz")
+    def healthz(request: Request) -> Response:
+        return api.healthz(request)
+
     app.add_api_route("/metrics", api.metrics, methods=["GET"])
 
     @app.exception_handler(StarletteHTTPException)
@@ -435,19 +482,6 @@ def create_app(pipeline: Pipeline, settings: ServerSettings | None = None) -> Fa
     return app
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(False)
-    return sock
-
-
 class ApiServer:
     """uvicorn serving `create_app(pipeline)` on an explicitly bound socket."""
 
@@ -460,13 +494,17 @@ class ApiServer:
     ) -> None:
         self.pipeline = pipeline
         self.settings = s = settings or ServerSettings()
-        protocol = type(
+        per_client = s.max_connections_per_client
+        protocol = guarded_protocol(
             "ServerH11",
-            (GuardedH11Protocol,),
-            {"header_timeout_s": s.header_timeout_s, "linger_s": s.linger_s},
+            header_timeout_s=s.header_timeout_s,
+            linger_s=s.linger_s,
+            max_per_client=max(1, s.max_connections // 2) if per_client is None else per_client,
+            max_headers=s.max_headers,
+            max_header_bytes=s.max_header_bytes,
         )
         self.app = create_app(pipeline, s)
-        self._sock = _bind(host, port)
+        self._sock = tcp_socket(host, port)
         config = uvicorn.Config(
             self.app,
             http=protocol,
