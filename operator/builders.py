@@ -51,7 +51,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from horizonserve.operator import models
+from horizonserve.operator import model_source, models
 from horizonserve.operator.models import GPU_RESOURCE, Backend, OmniServiceSpec
 from horizonserve.runtime.config import (
     ARTIFACT_DIR_ENV,
@@ -461,6 +461,9 @@ def serving_pod(
             _token_volume(),
         ],
     }
+    # Weights (spec.modelSource) and engine flags (spec.engineArgs): volumes, mounts, env,
+    # the `weights` init container; a spec without them is left as it was.
+    model_source.apply(pod_spec, spec, config, image=image, security=CONTAINER_SECURITY)
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
     if spec.priority_class_name:

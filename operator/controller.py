@@ -19,9 +19,10 @@ from urllib.parse import quote
 
 import aiohttp
 
-from horizonserve.operator import builders, reconcile, status
+from horizonserve.operator import builders, model_source, reconcile, status
 from horizonserve.operator.claims import Claim, lost_nodes
 from horizonserve.operator.kube import Kube, KubeError, owned_by
+from horizonserve.operator.model_source import SourcePolicy
 from horizonserve.operator.models import API_VERSION, PLURAL, OmniServiceSpec
 from horizonserve.operator.nodes import GpuNode, Selection, can_serve, labels_match, select
 from horizonserve.operator.nodestate import NodeState
@@ -83,6 +84,9 @@ def parse(
     except SpecError as exc:
         return Parsed(spec, None, str(exc), None, None)
     if (refusal := model_refusal(config.model)) is not None:
+        return Parsed(spec, None, refusal, None, None)
+    registries = (policy or Policy()).allowed_registries(default_image)
+    if (refusal := model_source.refusal(spec, SourcePolicy.from_env(), registries)) is not None:
         return Parsed(spec, None, refusal, None, None)
     image = spec.image or default_image
     return Parsed(spec, config, None, image, builders.spec_hash(spec, config, image))
@@ -674,8 +678,12 @@ async def sync_pods(
     for name in the_plan.drifted:
         log.warning("%s/%s: pod %s drifted from its built spec; replacing it",
                     owner.namespace, owner.name, name)  # fmt: skip
-    if the_plan.create and spec.api_key_secret is not None:
-        refused = await secret_refusal(state.kube, owner.namespace, spec.api_key_secret.name)
+    if the_plan.create and (spec.api_key_secret or model_source.token_secret(spec)):
+        refused = (
+            await secret_refusal(state.kube, owner.namespace, spec.api_key_secret.name)
+            if spec.api_key_secret is not None
+            else None
+        ) or await model_source.token_refusal(state.kube, owner.namespace, spec)
         if refused is not None:
             svc.errors = (*svc.errors, refused)
             state.post(owner, svc, "SecretNotAllowed", refused)
@@ -813,6 +821,8 @@ def status_patch(
     new = status.build_status(
         obs, now=state.clock(), previous=current, stale_after_s=state.config.stale_after_s
     )
+    if (event := model_source.weights_event(current, new)) is not None:
+        model_source.post_event(owner, *event)  # WeightsReady changed its reason
     return status.merge_patch(dict(current or {}), new)
 
 

@@ -242,6 +242,177 @@ class SecretKeyRef(_Spec):
     )
 
 
+# --- where the weights come from, and the engine's arguments (operator/model_source.py) ----
+
+# A Hugging Face repo id: `name` or `owner/name`.
+HF_REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+# A branch, tag or commit: no leading '-' or '.', no '..' component, no spaces.
+HF_REVISION_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+# A relative path inside a volume: no component starts with '.', so no '..' escapes it.
+RELATIVE_PATH_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+# An absolute path inside an image, same components.
+ABSOLUTE_PATH_PATTERN = r"^(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+$"
+MAX_PATH_LENGTH = 512
+MAX_REPO_LENGTH = 200
+MAX_REVISION_LENGTH = 128
+DEFAULT_MODEL_CACHE_SIZE = "64Gi"
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+class TokenSecretRef(_Spec):
+    """A key of a Secret in the OmniService's namespace holding a Hugging Face token."""
+
+    name: ObjectName = Field(
+        description="Secret name (it must carry the label that allows OmniServices to use it)."
+    )
+    key: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=SECRET_KEY_PATTERN)] = Field(
+        "token", description="Key in the Secret's data."
+    )
+
+
+class HuggingFaceSource(_Spec):
+    """Download from the Hugging Face Hub in an init container, into the node-local cache;
+    the serving container then runs offline (HF_HUB_OFFLINE=1) from that cache."""
+
+    repo: str | None = Field(
+        None,
+        max_length=MAX_REPO_LENGTH,
+        pattern=HF_REPO_PATTERN,
+        description="Repo id (owner/name); default: spec.model.",
+    )
+    revision: str | None = Field(
+        None,
+        max_length=MAX_REVISION_LENGTH,
+        pattern=HF_REVISION_PATTERN,
+        description="Branch, tag or commit; default: the repo's default branch.",
+    )
+    token_secret: TokenSecretRef | None = Field(
+        None, description="Secret key holding a token, for gated or private repos."
+    )
+
+
+class PvcSource(_Spec):
+    """An existing PersistentVolumeClaim holding the weights (a model cache filled
+    beforehand), mounted read-only; the serving container runs offline."""
+
+    claim_name: ObjectName = Field(description="PersistentVolumeClaim in this namespace.")
+    path: str | None = Field(
+        None,
+        max_length=MAX_PATH_LENGTH,
+        pattern=RELATIVE_PATH_PATTERN,
+        description="Directory inside the claim holding the model (config.json, weights, "
+        "tokenizer); default: the claim's root.",
+    )
+
+
+class ImageSource(_Spec):
+    """An OCI image holding the weights: mounted as an image volume where the cluster
+    supports it (chart value modelSource.imageVolumes), else copied by an init container
+    into an emptyDir bounded by cache.sizeLimit."""
+
+    reference: str = Field(
+        max_length=MAX_IMAGE_LENGTH, pattern=IMAGE_PATTERN, description="Image reference."
+    )
+    path: str = Field(
+        "/models",
+        max_length=MAX_PATH_LENGTH,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="Directory inside the image holding the model.",
+    )
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+
+
+class ModelCacheSpec(_Spec):
+    """The node-local cache a download or copy fills (huggingFace, image copied)."""
+
+    size_limit: Annotated[str, Field(pattern=POSITIVE_QUANTITY_PATTERN, max_length=64)] = Field(
+        DEFAULT_MODEL_CACHE_SIZE,
+        description="Bound of the cache emptyDir on the node's disk; the kubelet evicts a pod "
+        "that writes more.",
+    )
+    claim_name: ObjectName | None = Field(
+        None,
+        description="huggingFace only: an existing PVC to keep the download in instead of the "
+        "emptyDir, so that a new pod finds it (bounded by the claim's size).",
+    )
+
+
+class ModelSource(_Spec):
+    """Where the weights come from: exactly one of huggingFace, pvc, image."""
+
+    hugging_face: HuggingFaceSource | None = None
+    pvc: PvcSource | None = None
+    image: ImageSource | None = None
+    cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+
+    @property
+    def kind(self) -> str:
+        return "huggingFace" if self.hugging_face else "pvc" if self.pvc else "image"
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        chosen = [n for n in ("huggingFace", "pvc", "image") if getattr(self, _SOURCE_FIELDS[n])]
+        if len(chosen) != 1:
+            got = " and ".join(chosen) if chosen else "none"
+            raise ValueError(f"set exactly one of huggingFace, pvc or image (got {got})")
+        if self.cache.claim_name is not None and self.hugging_face is None:
+            raise ValueError(
+                "cache.claimName: only a huggingFace download fills a cache claim; for a "
+                "ready-made cache use modelSource.pvc"
+            )
+        return self
+
+
+_SOURCE_FIELDS = {"huggingFace": "hugging_face", "pvc": "pvc", "image": "image"}
+
+# Engine arguments: an allowlist of `vllm serve` flags, each typed and bounded here (and so in
+# the CRD schema); the flag is the field name in kebab case. Enum values are a subset of vLLM
+# 0.30's own (tests/operator/test_model_source.py checks them against the installed vLLM).
+VllmDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+VllmKvCacheDType = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+VllmQuantization = Literal[
+    "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "modelopt",
+    "modelopt_fp4", "mxfp4",
+]  # fmt: skip
+MultimodalInput = Literal["image", "audio", "video"]
+
+
+class EngineArgs(_Spec):
+    """`vllm serve` flags (backend vllm-omni); each field is one allowlisted flag."""
+
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576, description="--max-model-len")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="--gpu-memory-utilization (fraction of the GPU)"
+    )
+    dtype: VllmDType | None = Field(None, description="--dtype")
+    kv_cache_dtype: VllmKvCacheDType | None = Field(None, description="--kv-cache-dtype")
+    quantization: VllmQuantization | None = Field(None, description="--quantization")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="--max-num-seqs")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, le=1_048_576, description="--max-num-batched-tokens"
+    )
+    enforce_eager: bool | None = Field(None, description="--enforce-eager (no CUDA graphs)")
+    enable_prefix_caching: bool | None = Field(
+        None, description="--enable-prefix-caching / --no-enable-prefix-caching"
+    )
+    enable_chunked_prefill: bool | None = Field(
+        None, description="--enable-chunked-prefill / --no-enable-chunked-prefill"
+    )
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="--seed")
+    max_logprobs: int | None = Field(None, ge=0, le=1024, description="--max-logprobs")
+    limit_mm_per_prompt: dict[MultimodalInput, Annotated[int, Field(ge=0, le=64)]] | None = Field(
+        None, max_length=3, description="--limit-mm-per-prompt (inputs per prompt)"
+    )
+    trust_remote_code: bool | None = Field(
+        None,
+        description="--trust-remote-code: runs the model repo's own Python; refused unless "
+        "the chart allows it (modelSource.allowTrustRemoteCode).",
+    )
+
+
 class ServiceSpec(_Spec):
     """The Service in front of the serving pods (`status.endpoint`)."""
 
@@ -321,6 +492,16 @@ class OmniServiceSpec(_Spec):
         description="Secret holding the API key clients must send; passed to the serving "
         "container as HORIZONSERVE_API_KEY.",
     )
+    # Left out of a dump when unset, so that a spec without them hashes as before (no roll).
+    model_source: ModelSource | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="Where the weights come from (huggingFace, pvc or image); default: the "
+        "serving container fetches spec.model itself at every start.",
+    )
+    engine_args: EngineArgs | None = Field(
+        None, exclude_if=_is_none, description="Allowlisted vLLM engine flags (vllm-omni)."
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
     policy: PolicyName = Field(PolicyName.HORIZON, description="Scheduling policy.")
@@ -342,13 +523,16 @@ class OmniServiceSpec(_Spec):
 
 # --- status --------------------------------------------------------------------------------
 
-ConditionType = Literal["Ready", "Calibrated", "NodesReady", "MetricsAvailable", "Conflict"]
+ConditionType = Literal[
+    "Ready", "Calibrated", "NodesReady", "MetricsAvailable", "Conflict", "WeightsReady"
+]
 CONDITION_TYPES: tuple[str, ...] = (
     "Ready",
     "Calibrated",
     "NodesReady",
     "MetricsAvailable",
     "Conflict",
+    "WeightsReady",  # only while spec.modelSource is set
 )
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
@@ -439,6 +623,12 @@ def _snake_fields() -> dict[str, str]:
         RolloutSpec,
         Toleration,
         ServiceSpec,
+        ModelSource,
+        ModelCacheSpec,
+        HuggingFaceSource,
+        PvcSource,
+        ImageSource,
+        EngineArgs,
     )
     return {n: to_camel(n) for m in models for n in m.model_fields if "_" in n}
 

@@ -14,6 +14,7 @@ from horizonserve.operator.builders import (
     LABEL_SPEC_HASH,
     trust_view,
 )
+from horizonserve.operator.model_source import WeightsState, weights_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,7 @@ class PodState:
     trust: str = ""  # builders.trust_view of the live pod spec ("" when unknown)
     calibration_key: str | None = None
     owner_uid: str = ""  # uid of the controlling OmniService
+    weights: WeightsState | None = None  # model_source.weights_state of the pod's status
 
 
 def owner_key(meta: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -72,10 +74,13 @@ def pod_state(
         st.get("name") == "calibrate" and "running" in (st.get("state") or {}) for st in init
     )
     deleting = bool(meta.get("deletionTimestamp"))
+    weights = weights_state(status)
     if deleting:
         phase = "Terminating"
     elif calibrating:
         phase = "Calibrating"
+    elif weights is not None and weights.step == "running":
+        phase = "LoadingWeights"
     else:
         phase = (
             _waiting_reason(init)
@@ -95,4 +100,5 @@ def pod_state(
         trust=trust_view(spec) if spec is not None else "",
         calibration_key=labels.get(LABEL_CALIBRATION_KEY),
         owner_uid=owner_uid(meta),
+        weights=weights,
     )

@@ -15,6 +15,9 @@ Conditions (each with a CamelCase reason and a message for humans):
 * `MetricsAvailable`: SummariesFresh, NoSummaries, StaleSummaries, NoMatchingNodes.
 * `Conflict` (True is the problem): NodesOwnedByOthers names each node lost to an older
   OmniService and its owner; NoConflict.
+* `WeightsReady` (only while spec.modelSource is set; `model_source.verdict`): WeightsReady,
+  WeightsDownloading / WeightsCopying (names the nodes and for how long), WeightsFailed (the
+  init container's last line, e.g. a refused token), WeightsPending, NoMatchingNodes.
 
 Summaries come from each node's ConfigMap (the only object its sidecar may write). One that
 names another node, or is dated more than MAX_CLOCK_SKEW_S into the future, is not counted
@@ -30,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from horizonserve.operator import model_source
 from horizonserve.operator.models import (
     ClassStatus,
     Condition,
@@ -304,6 +308,10 @@ def _conflict(obs: Observed) -> tuple[bool, str, str]:
     )
 
 
+def _weights(obs: Observed, nodes: list[_Node], now: float) -> tuple[bool, str, str] | None:
+    return model_source.verdict(obs.spec, [(n.name, n.pod) for n in nodes], now)
+
+
 def _node_status(n: _Node, obs: Observed) -> NodeStatus:
     errors: list[str] = []
     if n.summary_error:
@@ -378,6 +386,8 @@ def build_status(
             cond("NodesReady", nodes_ready),
             cond("MetricsAvailable", _metrics(nodes, stale_after_s)),
             cond("Conflict", _conflict(obs)),
+            # Only while spec.modelSource is set: the `weights` init container's progress.
+            *(cond("WeightsReady", w) for w in [_weights(obs, nodes, now)] if w is not None),
         ],
         nodes_desired=len(nodes),
         nodes_ready=ready_count,
