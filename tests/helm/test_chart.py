@@ -92,6 +92,12 @@ WEBHOOK_ENV = {
     "HORIZONSERVE_WEBHOOK_CERT_DIR": "/etc/horizonserve/webhook",
     "HORIZONSERVE_WEBHOOK_PORT": "9443",
 }
+# Model sources (values modelSource.*; operator/model_source.py), at their defaults.
+MODEL_SOURCE_ENV = {
+    "HORIZONSERVE_ALLOW_TRUST_REMOTE_CODE": "false",
+    "HORIZONSERVE_IMAGE_VOLUMES": "false",
+    "HORIZONSERVE_MODEL_CACHE_MAX": "",
+}
 
 
 def service(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
@@ -216,7 +222,24 @@ def test_deployment_runs_one_operator_safely(helm_bin: str) -> None:
         "HORIZONSERVE_SERVING_IMAGE": "ghcr.io/horizonserve/horizonserve-serving:0.1.0",
         "HORIZONSERVE_LOG_LEVEL": "INFO",
         **WEBHOOK_ENV,
+        **MODEL_SOURCE_ENV,
     }
+
+
+def test_model_source_values_reach_the_operator(helm_bin: str) -> None:
+    values = {
+        "modelSource.allowTrustRemoteCode": True,
+        "modelSource.imageVolumes": True,
+        "modelSource.maxCacheSize": "200Gi",
+    }
+    env = env_of(container(template(helm_bin, values)))
+    assert env["HORIZONSERVE_ALLOW_TRUST_REMOTE_CODE"] == "true"
+    assert env["HORIZONSERVE_IMAGE_VOLUMES"] == "true"
+    assert env["HORIZONSERVE_MODEL_CACHE_MAX"] == "200Gi"
+    # What the operator reads back from them.
+    from horizonserve.operator.model_source import SourcePolicy
+
+    assert SourcePolicy.from_env(env) == SourcePolicy(True, True, "200Gi")
 
 
 def test_webhook_is_wired_to_the_operator_with_the_generated_certificate(helm_bin: str) -> None:
@@ -283,6 +306,7 @@ def test_custom_values_reach_the_deployment(helm_bin: str) -> None:
         "HORIZONSERVE_SERVING_IMAGE": "registry.local/horizonserve-serving:dev",
         "HORIZONSERVE_LOG_LEVEL": "DEBUG",
         **WEBHOOK_ENV,
+        **MODEL_SOURCE_ENV,
         "HTTPS_PROXY": "http://proxy:3128",
     }
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
