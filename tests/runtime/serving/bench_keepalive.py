@@ -2,7 +2,12 @@
 connection per request, on `horizonserve serve --preset tiny --device cpu` (loopback), and the
 same for the sidecar's /healthz.
 
-    .venv/bin/python -m tests.runtime.serving.bench_keepalive [--requests 60]
+    .venv/bin/python -m tests.runtime.serving.bench_keepalive [--requests 60] [--no-uvloop]
+
+uvicorn runs on uvloop when it is installed (vLLM brings it), and uvloop sets TCP_NODELAY on
+every TCP socket itself; a plain `pip install horizonserve` has no uvloop, so uvicorn runs on
+asyncio, which sets it only on sockets built with IPPROTO_TCP. `--no-uvloop` hides uvloop
+from both servers to measure that case.
 
 A raw socket client sends each request in one write and reads the response by its
 Content-Length, so the figures are the servers' (no client-side Nagle delay). Without
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -116,9 +123,19 @@ def _sidecar(tmp: Path) -> tuple[object, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--no-uvloop", action="store_true", help="serve on asyncio's loop")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        served = start_server(Path(tmp))
+        env = None
+        if args.no_uvloop:
+            shim = Path(tmp) / "no-uvloop" / "uvloop"
+            shim.mkdir(parents=True)
+            (shim / "__init__.py").write_text("raise ImportError('hidden by the benchmark')\n")
+            path = os.pathsep.join(p for p in (str(shim.parent), os.environ.get("PYTHONPATH")) if p)
+            env = {"PYTHONPATH": path}
+            sys.modules["uvloop"] = None  # type: ignore[assignment]  # the in-process sidecar
+        print(f"loop: {'asyncio' if args.no_uvloop else 'uvloop if installed'}", flush=True)
+        served = start_server(Path(tmp), env=env)
         try:
             kept, fresh = measure(served.url, "/v1/requests", BODY, args.requests)
             print(_line("serve POST /v1/requests", kept, fresh), flush=True)
