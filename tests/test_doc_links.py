@@ -45,3 +45,27 @@ def test_the_readme_links_resolve() -> None:
     docs = (ROOT / "docs").resolve()
     missing = [w for w, p in cited(readme) if not p.exists() and p.parent != docs]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+ANCHORED = re.compile(r"\]\(([^)\s]*\.md)?#([^)\s]+)\)")  # [text](page.md#anchor) or (#anchor)
+
+
+def slugs(page: Path) -> set[str]:
+    """The anchors a Markdown page's headings get (GitHub's rule: lower case, punctuation
+    dropped, spaces to hyphens)."""
+    out = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_anchors_into_the_readme_and_docs_name_a_heading() -> None:
+    broken = []
+    for doc in DOCS:
+        for page, anchor in ANCHORED.findall(doc.read_text()):
+            target = (doc.parent / page).resolve() if page else doc
+            if target.exists() and anchor not in slugs(target):
+                broken.append(f"{doc.relative_to(ROOT)}: {page}#{anchor}")
+    assert not broken, f"links to headings that do not exist: {broken}"
