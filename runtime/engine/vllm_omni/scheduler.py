@@ -80,6 +80,12 @@ from horizonserve.runtime.downstream import reported_slack
 from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
+from horizonserve.runtime.engine.vllm_omni.slack_order import (
+    RecomputeCost,
+    order_running,
+    preemption_pays,
+    view_order,
+)
 from horizonserve.runtime.engine.vllm_omni.stamps import (
     Stamp,
     external_id,
@@ -89,6 +95,7 @@ from horizonserve.runtime.engine.vllm_omni.stamps import (
 )
 from horizonserve.runtime.monitor import ControlRecord, RequestTable
 from horizonserve.runtime.policy import SchedulingPolicy, StepDecision, make_policy
+from horizonserve.runtime.preemption import choose_victim
 from horizonserve.runtime.profiler import InputFeatures, RequestSignals
 from horizonserve.runtime.spatial import SpatialController
 from horizonserve.runtime.temporal import Phase, StepView
@@ -212,8 +219,19 @@ class SharedStageController:
         self.last_shared_sms = config.ladder.aggressive  # SMs published for the last forward
         self.last_visible: list[str] = []
         self.preemptions = 0  # running decodes preempted for protected short-path prefills
+        self.preemption_vetoes = 0  # victims the measured recompute cost turned down
         self.last_victims: list[str] = []
         self._urgent: list = []  # the short-path prefills the last preemption served
+        # Slack order around vLLM's scheduler (slack_order.py), HorizonServe's policies only:
+        # the view's order (late short-path prompts never behind long-path ones with slack)
+        # and `running` kept so that vLLM's KV preemption takes the request with most slack.
+        hs_rules = policy_is_horizon(self.policy)
+        self.slack_view = hs_rules
+        self.victim_order = hs_rules
+        self.measured_cost = hs_rules  # the recompute cost measured (else the core's rule)
+        self.recompute = RecomputeCost(_prior_prefill_s_per_token(config))
+        self._last_begin_ns: int | None = None
+        self._last_prefill_tokens = 0
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
     def _enter(self, request: Any, sig: RequestSignals) -> None:
@@ -335,6 +353,9 @@ class SharedStageController:
     def begin_step(self, sched: Any) -> StepDecision:
         """Signals, view and SM split for this step (published by `end_step`)."""
         now_ns = self.clock_ns()
+        if self._last_begin_ns is not None:
+            self.recompute.observe((now_ns - self._last_begin_ns) * 1e-9, self._last_prefill_tokens)
+        self._last_begin_ns = now_ns
         queued = len(sched.waiting) + len(sched.skipped_waiting)
         if queued - len(self.waiting) != self._gap:
             self.audit(sched)
@@ -371,6 +392,9 @@ class SharedStageController:
         """
         decision = self.last_decision
         assert decision is not None
+        # Tokens this step prefills (beyond one per scheduled request): O(1), for RecomputeCost.
+        scheduled = out.num_scheduled_tokens
+        self._last_prefill_tokens = out.total_num_scheduled_tokens - len(scheduled)
         sm = decision.sm
         sms = sm.shared
         if self._boost:
@@ -419,7 +443,7 @@ class SharedStageController:
 
     def _may_hide(self, view: StepView) -> bool:
         """False when the view certainly hides nothing and keeps queue order (O(1))."""
-        if view.edf or view.late:
+        if view.edf or view.late or self.slack_view:
             return True  # the view reorders
         if view.phase is Phase.ALL:
             return False
@@ -466,7 +490,9 @@ class SharedStageController:
             return self._walk_preempted(view, w, s, free, victims)
         margin = self.knobs.window_margin
         vis_s = list(view.iter_visible(s, _SIG)) if s else []
-        if margin is None or view.edf:
+        if self.slack_view:
+            vis_w = view_order(view.is_visible, w, _SIG, self._step_ns * 1e-9)
+        elif margin is None or view.edf:
             vis_w = list(view.iter_visible(w, _SIG))
         else:
             vis_w = list(islice(view.iter_visible(w, _SIG), free + margin))
@@ -523,9 +549,12 @@ class SharedStageController:
                     need_blocks = _first_chunk_blocks(sched, urgent)
                 if pool.get_num_free_blocks() >= need_blocks:
                     break
-            victim = policy.preemption_victim(
-                self._decodes(sched), now, _SIG, self._handed_off, next_free
-            )
+            if self.measured_cost:
+                victim = self._victim(sched, now, next_free, urgent)
+            else:
+                victim = policy.preemption_victim(
+                    self._decodes(sched), now, _SIG, self._handed_off, next_free
+                )
             if victim is None:
                 break
             if not short_of_places and not sched._request_blocks_can_be_freed(victim):
@@ -535,6 +564,33 @@ class SharedStageController:
         if victims or self.last_victims:
             self.last_victims = [v.request_id for v in victims]
         return victims
+
+    def _victim(self, sched: Any, now: float, next_free_s: float, urgent: list) -> Any:
+        """`policy.preemption_victim` with the recompute cost measured (slack_order.py): the
+        same candidates (`choose_victim`) for the same need (`short_needs_place`); the victim
+        is taken when `preemption_pays` on the measured per-token prefill time, counting the
+        pending requests the recompute would make late — the waiting short-path prefills other
+        than `urgent` and the running requests whose first response is pending — instead of
+        every waiting request. O(running + short waiting) per call."""
+        temporal = self.policy.temporal
+        sooner = temporal.short_needs_place(now, next_free_s)
+        if sooner is None:
+            return None
+        victim = choose_victim(self._decodes(sched), now, _SIG, self._handed_off)
+        if victim is None:
+            return None
+        recompute = self.recompute.recompute_s(victim.num_tokens)
+        served = set(urgent)
+        margins = [
+            r.__dict__[SIG_ATTR].can_wait_s(now)
+            for r in self._short_prefills.values()
+            if r not in served
+        ]
+        margins.extend(sig.can_wait_s(now) for sig in _first_pending(sched.running))
+        if preemption_pays(recompute, sooner, margins):
+            return victim
+        self.preemption_vetoes += 1
+        return None
 
     def _urgent_shorts(self, next_free_s: float) -> list:
         """Waiting short-path prefills that need a place sooner than one frees (queue entry
@@ -564,6 +620,12 @@ class SharedStageController:
                 sig.record_progress(prefilled=True, decoded=max(done, 0))
             out.append(request)
         return out
+
+    @staticmethod
+    def _handed_off_any(request: Any) -> bool:
+        """`_handed_off` with the decoded tokens read from the request (any running one)."""
+        sig = request.__dict__[SIG_ATTR]
+        return max(sig.decoded_tokens, request.num_output_tokens) >= sig.costs.decode_tokens
 
     @staticmethod
     def _handed_off(request: Any) -> bool:
@@ -606,6 +668,8 @@ class SharedStageController:
     def run(self, sched: Any, base_schedule: Callable[[bool], Any], throttle: bool) -> Any:
         decision = self.begin_step(sched)
         victims = self.preempt(sched)
+        if self.victim_order and len(sched.running) > 1:
+            order_running(sched.running, self._step_ns * 1e-9, _sig, self._handed_off_any)
         token = self.hide(sched, decision.view, victims)
         if token is None:
             out = base_schedule(throttle)
@@ -631,6 +695,17 @@ class SharedStageController:
         sig = None if request is None else request.__dict__.get(SIG_ATTR)
         if sig is not None and sig.waiting:
             self._leave(request, sig)
+
+
+def policy_is_horizon(policy: SchedulingPolicy) -> bool:
+    """HorizonServe's own order rules apply (late_yield on: its policies and ablations, not
+    the baselines fcfs / edf / priority, which keep vLLM's order)."""
+    return bool(policy.traits.late_yield)
+
+
+def _prior_prefill_s_per_token(config: ServingConfig) -> float:
+    """The class profiles' per-token prefill time (largest), until the engine measured one."""
+    return max((c.profile.prefill_s_per_token for c in config.slo.classes), default=0.0)
 
 
 def _first_pending(running: list) -> list[RequestSignals]:

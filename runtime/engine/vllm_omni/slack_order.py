@@ -1,0 +1,181 @@
+"""The shared stage's order by slack, where vLLM's own scheduler decides by queue position.
+
+Three rules the plugin applies around vLLM's `Scheduler.schedule` (HorizonServe's policies
+only; the baselines keep vLLM's order):
+
+* **View order** (`view_order`): the swapped-in `waiting` queue holds the view's visible
+  requests as (1) those at risk — continuations and protected requests, on-time short-path
+  prefills — in deadline order, (2) late short-path prefills in queue order, (3) long-path
+  requests that still have slack (unprotected, before `protect_at`) in deadline order, (4) late
+  long-path prefills in queue order. A late short-path prompt has missed its SLO, so it yields
+  to requests that can still meet theirs; but never to long-path requests with seconds of
+  slack, which lose nothing by a short prefill first. Late short-path prefills are visible in
+  every phase (a long-path phase would otherwise hide them behind the speech it admits).
+* **Victim order** (`order_running`): vLLM's FCFS scheduler, when a running request cannot get
+  its KV blocks, preempts `running[-1]`. The plugin keeps `running` ordered so that the tail is
+  the request HorizonServe would give up first: short-path requests in front (admission
+  order), then long-path ones by slack ratio, those already handed downstream (slack ∞) last,
+  newest last. So vLLM's own KV preemption never picks a short-path request while a long-path
+  request runs, and among long-path ones takes the one with the most slack. The same order
+  hands vLLM's token budget to short-path requests first.
+* **Measured recompute cost** (`RecomputeCost`, `preemption_pays`): a shared-stage preemption
+  costs the victim's recompute: its prompt and decoded tokens prefilled again, at the per-token
+  prefill time measured from the engine's own steps (step interval against the tokens the step
+  prefilled), not the profile's constant. It pays when that time, counted once for the
+  preemption and once more for every pending request that the delay would push past its
+  deadline (0 ≤ its wait margin < the recompute), is less than the wait saved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from horizonserve.runtime.profiler import RequestSignals
+
+T = TypeVar("T")
+
+_INF = math.inf
+
+
+def _deadline_key(sig: RequestSignals) -> tuple[float, int]:
+    return sig.deadline, sig.seq
+
+
+def view_order(
+    visible: Callable[[RequestSignals], bool],
+    queue: Iterable[T],
+    signals: Callable[[T], RequestSignals],
+    now: float,
+) -> list[T]:
+    """The visible requests of `queue` (per `visible`, plus every late short-path prefill) in
+    the order of the module docstring. O(queue + visible log visible)."""
+    front: list[tuple[tuple[float, int], T]] = []
+    late_short: list[T] = []
+    slack_long: list[tuple[tuple[float, int], T]] = []
+    late_long: list[T] = []
+    for item in queue:
+        sig = signals(item)
+        if not sig.long_path:
+            if sig.late and not sig.prefilled:
+                late_short.append(item)  # visible in every phase
+            elif visible(sig):
+                front.append(((sig.deadline, sig.seq), item))
+            continue
+        if not visible(sig):
+            continue
+        if sig.prefilled:
+            if now < sig.protect_at:
+                slack_long.append(((sig.deadline, sig.seq), item))
+            else:
+                front.append(((sig.deadline, sig.seq), item))
+        elif sig.late or sig.can_wait_s(now) < 0.0:
+            late_long.append(item)  # late, or can no longer meet its deadline
+        elif sig.protected or now >= sig.protect_at:
+            front.append(((sig.deadline, sig.seq), item))
+        else:
+            slack_long.append(((sig.deadline, sig.seq), item))
+    front.sort(key=_first)
+    slack_long.sort(key=_first)
+    out = [item for _, item in front]
+    out.extend(late_short)
+    out.extend(item for _, item in slack_long)
+    out.extend(late_long)
+    return out
+
+
+def _first(pair: tuple[tuple[float, int], Any]) -> tuple[float, int]:
+    return pair[0]
+
+
+def running_key(sig: RequestSignals | None, now: float, handed_off: bool) -> tuple[int, float, int]:
+    """Sort key of a running request: front = keep, tail = preempt first (module docstring).
+    Unknown requests (no signals) stay in front."""
+    if sig is None:
+        return (0, 0.0, -1)
+    if not sig.long_path:
+        return (0, 0.0, sig.seq)
+    if not handed_off and now >= sig.protect_at:
+        return (1, sig.deadline, sig.seq)
+    return (2, 0.0, sig.seq)
+
+
+def order_running(
+    running: list[Any],
+    now: float,
+    signals: Callable[[Any], RequestSignals | None],
+    handed_off: Callable[[Any], bool],
+) -> bool:
+    """Sort `running` in place by `running_key`; True when the order changed. O(R log R)."""
+    keys = []
+    for request in running:
+        sig = signals(request)
+        keys.append(
+            running_key(sig, now, sig is not None and sig.long_path and handed_off(request))
+        )
+    order = sorted(range(len(running)), key=keys.__getitem__)
+    if all(i == j for i, j in enumerate(order)):
+        return False
+    running[:] = [running[i] for i in order]
+    return True
+
+
+class RecomputeCost:
+    """Per-token prefill time measured from the engine's steps.
+
+    `observe(dt_s, prefill_tokens)`: the interval since the last step began and the tokens the
+    last step prefilled (its scheduled tokens beyond one per request). Decode-only intervals
+    track the base step time; the others give (dt − base) / tokens. Both are exponential means
+    (weight `alpha`); an interval above `gap_factor` × the prediction is an idle gap, skipped.
+    Until a prefill was measured the estimate is `prior_s_per_token` (the class profile's).
+    """
+
+    __slots__ = ("_alpha", "_base", "_gap", "per_token_s", "samples")
+
+    def __init__(
+        self, prior_s_per_token: float, *, alpha: float = 0.1, gap_factor: float = 10.0
+    ) -> None:
+        self.per_token_s = prior_s_per_token
+        self._alpha = alpha
+        self._gap = gap_factor
+        self._base: float | None = None
+        self.samples = 0  # prefill intervals measured
+
+    @property
+    def base_s(self) -> float | None:
+        return self._base
+
+    def observe(self, dt_s: float, prefill_tokens: int) -> None:
+        if dt_s <= 0.0:
+            return
+        base = self._base
+        if prefill_tokens <= 0:
+            if base is None:
+                self._base = dt_s
+            elif dt_s <= self._gap * base:
+                self._base = base + self._alpha * (dt_s - base)
+            return
+        if base is None or dt_s > self._gap * (base + self.per_token_s * prefill_tokens):
+            return
+        sample = max(0.0, dt_s - base) / prefill_tokens
+        if self.samples == 0:
+            self.per_token_s = sample
+        else:
+            self.per_token_s += self._alpha * (sample - self.per_token_s)
+        self.samples += 1
+
+    def recompute_s(self, tokens: int) -> float:
+        """Time to prefill `tokens` again."""
+        return tokens * self.per_token_s
+
+
+def preemption_pays(recompute_s: float, sooner_s: float, margins: Iterable[float]) -> bool:
+    """The preemption's recompute, counted once and once more per pending request it would
+    push past its deadline (its wait margin in [0, recompute)), costs less than the wait it
+    saves the short-path prompt (`sooner_s`)."""
+    hurt = 0
+    for m in margins:
+        if 0.0 <= m < recompute_s:
+            hurt += 1
+    return recompute_s * (1 + hurt) < sooner_s

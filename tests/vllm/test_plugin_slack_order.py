@@ -1,0 +1,177 @@
+"""The shared stage's slack order around vLLM's own scheduler (slack_order.py), on the REAL
+vLLM-Omni AR scheduler (CPU): each rule, and the fault it fixes shown with the rule switched
+off on the same controller.
+
+Classes (conftest.hs_config): priority 0 → `text` (short path, SLO 0.1 s), 10 → `speech`
+(long path, SLO 9.0 s; a waiting speech prefill is protected once less than ≈ 1.31 s of slack
+is left: older than ≈ 7.7 s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from factory import fake_model_output, run_step
+from horizon import add, assert_index_in_sync, ids, new_ids
+
+pytestmark = pytest.mark.vllm
+
+TEXT, SPEECH = 0, 10
+LATE_TEXT_AGE = 0.15  # past the text deadline (0.1 s)
+PROTECTED_SPEECH_AGE = 8.0  # past protect_at (≈ 7.7 s), before the deadline (9 s)
+
+
+def _one_place(build: Any, clock: Any, *, slack_view: bool) -> tuple[Any, Any]:
+    """One place; two fresh speech prompts (seconds of slack) queued before a late text one."""
+    sched, config = build(max_num_seqs=1)
+    sched.horizon.slack_view = slack_view
+    add(sched, config, clock, [("L0", SPEECH, 0), ("L1", SPEECH, 0), ("S2", TEXT, LATE_TEXT_AGE)])
+    return sched, config
+
+
+def test_a_late_text_prompt_goes_before_speech_prompts_with_seconds_of_slack(build, clock):
+    sched, _ = _one_place(build, clock, slack_view=True)
+    out, _ = run_step(sched)
+    assert new_ids(out) == ["S2"]
+    assert_index_in_sync(sched)
+
+
+def test_without_the_rule_the_late_text_prompt_waits_behind_speech(build, clock):
+    """The fault the rule fixes (late_yield alone): every step is a long-path phase while
+    on-time speech prompts wait, and the late text prompt is hidden in it."""
+    sched, _ = _one_place(build, clock, slack_view=False)
+    out, _ = run_step(sched)
+    assert new_ids(out) == ["L0"]
+    assert "S2" not in sched.horizon.last_visible
+
+
+def test_a_late_text_prompt_still_yields_to_what_can_still_make_its_deadline(build, clock):
+    """On-time text and a protected speech prompt (under 1.31 s of slack) go first: the late
+    prompt has missed its SLO, they can still meet theirs."""
+    sched, config = build(max_num_seqs=1)
+    add(sched, config, clock, [("S0", TEXT, LATE_TEXT_AGE), ("L1", SPEECH, PROTECTED_SPEECH_AGE),
+                                ("S2", TEXT, 0.01), ("L3", SPEECH, 0)])  # fmt: skip
+    order = []
+    for _ in range(4):
+        out, _ = run_step(sched)
+        order += new_ids(out)
+        for request in list(sched.running):  # free the place for the next one
+            sched.finish_requests([request.request_id], _aborted())
+    assert order == ["S2", "L1", "S0", "L3"]
+
+
+def _aborted() -> Any:
+    from vllm.v1.request import RequestStatus
+
+    return RequestStatus.FINISHED_ABORTED
+
+
+# -- vLLM's own KV-pressure preemption picks a speech decode, never the text request ----------
+
+
+def _kv_tight(build: Any, clock: Any, *, victim_order: bool) -> tuple[Any, Any]:
+    """4 usable KV blocks of 16 tokens (5 with vLLM's null block). L0 (speech, 32-token prompt:
+    2 blocks) is admitted first, S1 (text, 16 tokens: 1 block) next, so vLLM's `running` is
+    [L0, S1] and S1 is the newest. After two steps L0 holds 3 blocks, S1 1, none is free, and
+    S1's next decode token needs a block: vLLM must preempt."""
+    sched, config = build(max_num_seqs=4, num_blocks=5, max_num_batched_tokens=64)
+    sched.horizon.victim_order = victim_order
+    add(sched, config, clock, [("L0", SPEECH, 0)], n=32, max_tokens=40)
+    run_step(sched)
+    add(sched, config, clock, [("S1", TEXT, 0)], n=16, max_tokens=8)
+    run_step(sched)
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 0
+    return sched, config
+
+
+def test_kv_pressure_preempts_the_speech_decode_not_the_text_request(build, clock):
+    sched, _ = _kv_tight(build, clock, victim_order=True)
+    out = sched.schedule()
+    assert out.preempted_req_ids == {"L0"}
+    assert "S1" in out.num_scheduled_tokens
+    assert [r.request_id for r in sched.running] == ["S1"]
+    sched.update_from_output(out, fake_model_output(sched, out))
+    assert ids(sched.waiting) == ["L0"] and sched.horizon.preemptions == 0  # vLLM's own
+    assert_index_in_sync(sched)
+
+
+def test_without_the_order_vllm_preempts_the_newest_request_the_text_one(build, clock):
+    """The fault the order fixes: vLLM's FCFS scheduler preempts `running[-1]`."""
+    sched, _ = _kv_tight(build, clock, victim_order=False)
+    out = sched.schedule()
+    assert out.preempted_req_ids == {"S1"}
+
+
+def test_running_order_keeps_text_in_front_and_the_most_expendable_speech_last(build, clock):
+    """Text first, then speech whose first response is at risk (past protect_at) by deadline,
+    then speech with slack and speech already handed downstream, newest last."""
+    from horizonserve.runtime.engine.vllm_omni.slack_order import order_running
+
+    sched, config = build(max_num_seqs=8)
+    specs = [("L0", SPEECH, 0.5), ("L1", SPEECH, PROTECTED_SPEECH_AGE), ("S2", TEXT, 0),
+             ("L3", SPEECH, 0), ("L4", SPEECH, 8.5)]  # fmt: skip
+    add(sched, config, clock, specs)
+    for _ in range(4):
+        run_step(sched)
+    hs = sched.horizon
+    running = list(sched.running)
+    running.reverse()
+    order_running(running, clock.now, lambda r: r._hs_sig, hs._handed_off_any)
+    assert [r.request_id for r in running] == ["S2", "L4", "L1", "L0", "L3"]
+
+
+# -- the preemption cost rule, measured -------------------------------------------------------
+
+
+def test_recompute_cost_is_measured_from_the_steps():
+    from horizonserve.runtime.engine.vllm_omni.slack_order import RecomputeCost
+
+    cost = RecomputeCost(prior_s_per_token=1e-3)
+    assert cost.recompute_s(100) == pytest.approx(0.1)  # the prior, until measured
+    for _ in range(5):
+        cost.observe(0.006, 0)  # decode-only steps: the base
+    for tokens in (40, 96, 10, 64) * 5:
+        cost.observe(0.006 + 3e-5 * tokens, tokens)
+    cost.observe(5.0, 10)  # an idle gap: skipped
+    assert cost.base_s == pytest.approx(0.006)
+    assert cost.per_token_s == pytest.approx(3e-5, rel=1e-6)
+    assert cost.samples == 20
+
+
+def _crowded(build: Any, clock: Any, *, measured: bool) -> Any:
+    """Four speech decodes fill the places; 100 fresh speech prompts (seconds of slack) wait,
+    and a fresh text prompt that no place frees for in time (the decodes have ≈ 37 tokens
+    left, 0.22 s; it may wait 0.094 s)."""
+    sched, config = build(max_num_seqs=4, num_blocks=400)
+    sched.horizon.measured_cost = measured
+    add(sched, config, clock, [(f"L{i}", SPEECH, 0) for i in range(4)], max_tokens=40)
+    for _ in range(3):
+        run_step(sched)
+    assert len(sched.running) == 4
+    add(sched, config, clock, [(f"W{i}", SPEECH, 0) for i in range(100)], max_tokens=40)
+    add(sched, config, clock, [("S9", TEXT, 0)])
+    return sched
+
+
+def test_a_crowded_queue_of_slack_no_longer_vetoes_the_preemption(build, clock):
+    sched = _crowded(build, clock, measured=True)
+    out, _ = run_step(sched)
+    assert sched.horizon.preemptions == 1 and "S9" in new_ids(out)
+    assert sched.horizon.preemption_vetoes == 0
+
+
+def test_the_assumed_cost_vetoed_it(build, clock):
+    """The fault: the core's rule charges the recompute to all 101 waiting requests, none of
+    which it would make late."""
+    sched = _crowded(build, clock, measured=False)
+    out, _ = run_step(sched)
+    assert sched.horizon.preemptions == 0 and "S9" not in new_ids(out)
+
+
+def test_the_measured_rule_still_vetoes_a_recompute_that_makes_others_late():
+    from horizonserve.runtime.engine.vllm_omni.slack_order import preemption_pays
+
+    assert preemption_pays(0.01, 0.1, [5.0, 2.0, -0.5])  # none hurt (late ones do not count)
+    assert not preemption_pays(0.01, 0.1, [0.005] * 9)  # 9 pushed past their deadline
+    assert not preemption_pays(0.2, 0.1, [])  # costs more than the wait it saves
