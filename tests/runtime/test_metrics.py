@@ -98,3 +98,84 @@ def test_window_forgets_old_responses_and_is_bounded() -> None:
     for i in range(100):
         small.record(float(i), "text", True, 0.1)
     assert small.snapshot(100.0)["text"].requests == 10
+
+
+# -- every admitted request is judged once, against its deadline -----------------------------
+
+
+def test_a_request_without_a_first_response_is_a_miss_when_its_deadline_passes() -> None:
+    m = MetricsRecorder(window_s=60.0, model_name=M)
+    m.admitted("image", key="r1", arrival=0.0, slo_s=1.0)
+    assert m.refresh_attainment(0.5) == {}  # still within its SLO: not judged yet
+    snap = m.refresh_attainment(1.5)  # deadline passed, still waiting: a miss at once
+    assert (snap["image"].requests, snap["image"].met) == (1, 0)
+    assert _v(m, "horizonserve:slo_misses_total", request_class="image") == 1
+    assert _v(m, "horizonserve:slo_attainment_ratio", request_class="image") == 0.0
+    # The late answer raises the miss's latency; it is not counted a second time.
+    m.first_response_at(3.0, "image", 3.0, 1.0, key="r1")
+    snap = m.refresh_attainment(3.5)
+    assert (snap["image"].requests, snap["image"].met, snap["image"].p95_s) == (1, 0, 3.0)
+    assert _v(m, "horizonserve:slo_misses_total", request_class="image") == 1
+
+
+def test_timeouts_failures_and_server_drops_count_client_cancels_do_not() -> None:
+    m = MetricsRecorder(window_s=60.0, model_name=M)
+    for rid in ("timeout", "rejected", "unavailable", "cancelled-late", "cancelled-early"):
+        m.admitted("text", key=rid, arrival=0.0, slo_s=0.25)
+    m.finished("text", "timeout", None, 0.0, key="timeout", now=0.1)
+    m.finished("text", "rejected", None, 0.0, key="rejected", now=0.1)
+    m.finished("text", "unavailable", None, 0.0, key="unavailable", now=0.1)
+    m.finished("text", "cancelled", None, 0.0, key="cancelled-early", now=0.1)  # client gone
+    m.finished("text", "cancelled", None, 0.0, key="cancelled-late", now=0.3)  # after deadline
+    snap = m.refresh_attainment(1.0)
+    assert (snap["text"].requests, snap["text"].met) == (4, 0)
+    reasons = {"timeout": 1, "rejected": 1, "unavailable": 1, "cancelled": 2}
+    for reason, n in reasons.items():
+        labels = {"request_class": "text", "finished_reason": reason}
+        assert _v(m, "horizonserve:request_success_total", **labels) == n
+
+
+def test_on_time_and_late_answers_are_judged_once() -> None:
+    m = MetricsRecorder(window_s=60.0, model_name=M)
+    m.admitted("text", key="a", arrival=0.0, slo_s=0.25)
+    m.admitted("text", key="b", arrival=0.0, slo_s=0.25)
+    m.first_response_at(0.1, "text", 0.1, 0.25, key="a")  # met
+    m.first_response_at(0.4, "text", 0.4, 0.25, key="b")  # late, before any sweep
+    m.finished("text", None, 0.2, 0.0, key="a", now=0.2)
+    m.finished("text", None, 0.5, 0.0, key="b", now=0.5)
+    snap = m.refresh_attainment(2.0)
+    assert (snap["text"].requests, snap["text"].met) == (2, 1)
+    assert len(m.book) == 0  # nothing left waiting for a judgement
+
+
+def test_vllm_aligned_families_from_a_finished_record() -> None:
+    from types import SimpleNamespace
+
+    rec = SimpleNamespace(
+        queueing_s=0.02, shared_tpot_s=0.012, shared_tokens=7, info={"preempted": 2}
+    )
+    m = MetricsRecorder(model_name=M)
+    m.admitted("text", prompt_tokens=40)
+    m.finished("text", None, 1.0, 0.0, record=rec)
+    m.step(64, 68, 0.1, 0, kv_usage=0.25)
+    assert _v(m, "horizonserve:prompt_tokens_total", request_class="text") == 40
+    assert _v(m, "horizonserve:generation_tokens_total", request_class="text") == 7
+    assert _v(m, "horizonserve:num_preemptions_total", request_class="text") == 2
+    assert _v(m, "horizonserve:request_queue_time_seconds_count", request_class="text") == 1
+    assert _v(m, "horizonserve:request_time_per_output_token_seconds_sum", request_class="text")
+    assert _v(m, "horizonserve:kv_cache_usage_perc") == 0.25
+
+
+def test_first_response_buckets_sit_around_each_class_slo() -> None:
+    m = MetricsRecorder(model_name=M)
+    m.use_slo_buckets([0.1, 0.25, 7.0])
+    m.first_response_at(1.0, "text", 0.26, 0.25)
+    le = {
+        float(s.labels["le"])
+        for metric in m.registry.collect()
+        if metric.name == "horizonserve:first_response_seconds"
+        for s in metric.samples
+        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+    }
+    for slo in (0.1, 0.25, 7.0):
+        assert {round(f * slo, 6) for f in (0.9, 1.0, 1.1)} <= le

@@ -26,6 +26,7 @@ surrogates from non-UTF-8 bytes) are accepted by the request table.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
@@ -142,6 +143,8 @@ class ApiState:
         self.knobs = knobs or Knobs()
         self.stats_file = stats_file
         self._metric = {c.name: c.metric for c in config.slo.classes}
+        if recorder is not None:
+            recorder.use_slo_buckets(config.slo.target_s(c.name) for c in config.slo.classes)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._table_full_logged = False
@@ -164,6 +167,15 @@ class ApiState:
                 )
         arrival_ns = monotonic_from_wall(arrival)
         stamp = make_stamp(self.slo, rid, priority, arrival_ns)
+        if self.recorder is not None:  # judged at its deadline if no first response by then
+            with self._lock:
+                self.recorder.expect(
+                    stamp.rid,
+                    stamp.class_name,
+                    stamp.arrival_ns * 1e-9,
+                    self.slo.target_s(stamp.class_name),
+                )
+            self._ensure_writer()
         if self.table is not None:
             try:
                 self.table.insert(rid, stamp.priority, stamp.arrival_ns, stamp.deadline_ns)
@@ -172,6 +184,12 @@ class ApiState:
                     self._table_full_logged = True
                     log.warning("HorizonServe: %s (stamps still travel in extra_args)", exc)
         return stamp
+
+    def client_gone(self, rid: str, now_ns: int) -> None:
+        """The client went away before its deadline: the request is not judged."""
+        if self.recorder is not None:
+            with self._lock:
+                self.recorder.book.drop(rid, now_ns * 1e-9)
 
     def forget(self, rid: str) -> None:
         if self.table is not None:
@@ -193,7 +211,11 @@ class ApiState:
             return
         with self._lock:
             self.recorder.first_response_at(
-                now_ns * 1e-9, stamp.class_name, latency, self.slo.target_s(stamp.class_name)
+                now_ns * 1e-9,
+                stamp.class_name,
+                latency,
+                self.slo.target_s(stamp.class_name),
+                key=stamp.rid,
             )
         self._ensure_writer()
 
@@ -362,6 +384,10 @@ async def _observe(gen: Any, call: _Call, state: Callable[[], ApiState]) -> Asyn
                     want = ""  # seen
                     state().first_response(call.stamp, time.monotonic_ns())
             yield out
+    except (GeneratorExit, asyncio.CancelledError):  # the client went away
+        if call.stamp is not None and want != "":
+            state().client_gone(call.stamp.rid, time.monotonic_ns())
+        raise
     finally:
         _CALL.set(None)
         await gen.aclose()
