@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 
 from horizonserve.operator import cleanup as finalizer_cleanup
-from horizonserve.operator import controller, kube, models, webhook
+from horizonserve.operator import controller, kube, model_source, models, webhook
 from horizonserve.operator import settings as op_settings
 from horizonserve.operator.builders import (
     APP,
@@ -45,6 +45,8 @@ from horizonserve.operator.nodestate import node_state
 from horizonserve.operator.pods import owner_key, pod_state
 
 CONFIG = op_settings.OperatorConfig.from_env()
+# The chart's modelSource values (read again where used): a bad one stops the operator here.
+model_source.SourcePolicy.from_env()
 OSVC = (models.GROUP, models.VERSION, models.PLURAL)
 NODES_INDEX = "gpu_nodes"
 PODS_INDEX = "serving_pods"
