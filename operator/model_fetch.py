@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     hf.add_argument("--revision", default=None)
     hf.add_argument("--cache-dir", required=True)
     args = parser.parse_args(argv)
+    # HOME, HF_HOME and TMPDIR point into the cache volume (the root filesystem is read-only);
+    # they may not exist yet on a fresh volume.
+    for name in ("HOME", "HF_HOME", "TMPDIR"):
+        if os.environ.get(name):
+            Path(os.environ[name]).mkdir(parents=True, exist_ok=True)
     return huggingface(args.repo, args.revision, args.cache_dir)
 
 

@@ -242,6 +242,8 @@ def _hf_init(spec: OmniServiceSpec, config: ServingConfig, image: str) -> dict[s
         _env("HF_HUB_CACHE", HF_HUB_DIR),
         _env("HF_HUB_DISABLE_TELEMETRY", "1"),
         _env("HOME", f"{CACHE_MOUNT}/home"),
+        # The root filesystem is read-only: temporary files go to the cache volume too.
+        _env("TMPDIR", f"{CACHE_MOUNT}/tmp"),
     ]
     if hf.token_secret is not None:
         ref = {"name": hf.token_secret.name, "key": hf.token_secret.key}

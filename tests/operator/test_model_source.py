@@ -431,9 +431,13 @@ def test_fetch_serves_from_the_cache_offline_and_says_why_it_cannot(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests; the node may have none
     log = tmp_path / "termination-log"
     monkeypatch.setenv(model_fetch.TERMINATION_LOG_ENV, str(log))
+    # A fresh cache volume: the dirs the pod's env names are made (read-only root filesystem).
+    home = tmp_path / "volume" / "home"
+    monkeypatch.setenv("HOME", str(home))
     cache = tmp_path / "hub"
     _fake_hf_cache(cache, "tiny/omni", {"config.json": "{}", "model.safetensors": "x" * 1000})
     assert model_fetch.main(["huggingface", "--repo", "tiny/omni", "--cache-dir", str(cache)]) == 0
+    assert home.is_dir()
     assert log.read_text().startswith("tiny/omni: 2 files, 0.00 GiB, already in the cache")
     # Not cached, and the hub out of reach: one line that names the way out.
     assert model_fetch.main(["huggingface", "--repo", "tiny/other", "--cache-dir", str(cache)]) == 1
