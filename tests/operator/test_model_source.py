@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 import pytest
 import yaml
+from pydantic.alias_generators import to_snake
 
 from horizonserve.operator import builders, model_fetch, model_source, models
 from horizonserve.operator.model_source import SourcePolicy, WeightsState, weights_state
@@ -290,6 +291,56 @@ def test_enum_values_are_vllms_own() -> None:
 
     fields = set(EngineArgs.__dataclass_fields__)
     assert set(models.EngineArgs.model_fields) <= fields
+
+
+ALL_ARGS = {
+    "maxModelLen": 8192,
+    "gpuMemoryUtilization": 0.85,
+    "dtype": "bfloat16",
+    "kvCacheDtype": "fp8",
+    "quantization": "awq",
+    "maxNumSeqs": 8,
+    "maxNumBatchedTokens": 4096,
+    "enforceEager": True,
+    "enablePrefixCaching": False,
+    "enableChunkedPrefill": True,
+    "seed": 3,
+    "maxLogprobs": 5,
+    "limitMmPerPrompt": {"image": 2, "audio": 1},
+    "trustRemoteCode": True,
+}
+
+
+def test_the_built_command_parses_in_vllms_own_serve_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The serving command the operator builds, every engine argument set, goes through
+    `vllm serve`'s real argument parser; each value lands where the spec meant it."""
+    pytest.importorskip("vllm.entrypoints.launchers.cli_args", reason="vLLM not installed")
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        # What vLLM-Omni's `serve` does before parsing on a machine without a GPU.
+        from vllm.platforms.cpu import CpuPlatform
+
+        monkeypatch.setattr(platforms, "current_platform", CpuPlatform())
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    monkeypatch.setenv(model_source.ALLOW_TRUST_REMOTE_CODE_ENV, "true")
+    assert set(models.EngineArgs.model_fields) == {to_snake(k) for k in ALL_ARGS}
+    for source in (HF, {"pvc": {"claimName": "m"}}):
+        command = _container(_pod({"modelSource": source, "engineArgs": ALL_ARGS}), "serving")[
+            "command"
+        ]
+        assert command[:2] == ["vllm", "serve"] and "--omni" in command
+        # `--omni` is vLLM-Omni's own flag, added by its CLI on top of this parser.
+        args = parser.parse_args([a for a in command[2:] if a != "--omni"])
+        for key, value in ALL_ARGS.items():
+            assert getattr(args, to_snake(key)) == value, key
+        assert args.served_model_name == ["Qwen/Qwen2.5-Omni-7B"]
+        assert args.model_tag == command[2]
 
 
 # --- examples -----------------------------------------------------------------------------
