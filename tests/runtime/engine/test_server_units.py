@@ -22,7 +22,15 @@ from horizonserve.runtime.engine.reference.supervisor import (
     stage_fault,
 )
 
-LIMITS = ApiLimits(max_tokens=256, max_speech_codes=256, max_image_steps=100)
+# The tiny preset's bounds (its media token rates included: prompt + output fit a KV slot).
+LIMITS = ApiLimits(
+    max_tokens=256,
+    max_speech_codes=256,
+    max_image_steps=100,
+    tokens_per_audio_second=4,
+    tokens_per_video_second=8,
+    tokens_per_image=8,
+)
 
 
 @pytest.mark.parametrize(
