@@ -464,27 +464,33 @@ async def sync_identity(
     shared by all pods of the OmniService: three writes per OmniService, plus one Role patch
     per pass that adds or removes ConfigMaps. True when the pods may be created."""
     names = tuple(sorted(set(configmaps)))
-    if (not svc.identity or svc.role_names != names) and not await may_create():
+    if svc.identity and svc.role_names == names:
+        return True
+    if not await may_create():
         return False
-    if not svc.identity:
-        for body in (builders.sidecar_service_account(owner), builders.sidecar_role_binding(owner)):
-            outcome, _ = await state.kube.create_owned(body, owner.uid)
-            if outcome == "foreign":
-                kind, name = body["kind"], body["metadata"]["name"]
-                svc.foreign[f"{kind}/{name}"] = _foreign_message(kind, name)
-                return False
-        svc.identity = True
-    if svc.role_names != names:
-        role = builders.sidecar_role(owner, list(names))
-        outcome, existing = await state.kube.create_owned(role, owner.uid)
+
+    async def ensure(body: dict[str, Any]) -> Mapping[str, Any] | bool | None:
+        outcome, existing = await state.kube.create_owned(body, owner.uid)
         if outcome == "foreign":
-            name = role["metadata"]["name"]
-            svc.foreign[f"Role/{name}"] = _foreign_message("Role", name)
+            kind, name = body["kind"], body["metadata"]["name"]
+            svc.foreign[f"{kind}/{name}"] = _foreign_message(kind, name)
             return False
-        if outcome == "ours" and (existing or {}).get("rules") != role["rules"]:
-            # A merge patch replaces the list: exactly these names, never an empty list.
-            await state.kube.patch(role, {"rules": role["rules"]})
-        svc.role_names = names
+        return existing if outcome == "ours" else None
+
+    if not svc.identity and await ensure(builders.sidecar_service_account(owner)) is False:
+        return False
+    # The Role before its RoleBinding: the API server checks a binding against its Role.
+    role = builders.sidecar_role(owner, list(names))
+    existing = await ensure(role)
+    if existing is False:
+        return False
+    if existing is not None and existing.get("rules") != role["rules"]:
+        # A merge patch replaces the list: exactly these names, never an empty list.
+        await state.kube.patch(role, {"rules": role["rules"]})
+    svc.role_names = names
+    if not svc.identity and await ensure(builders.sidecar_role_binding(owner)) is False:
+        return False
+    svc.identity = True
     return True
 
 
@@ -625,10 +631,6 @@ async def sync_pods(
         all_pods, runtime_classes, priority_classes,
     )  # fmt: skip
     svc.conflicts = placement.conflicts
-    if placement.conflicts:
-        state.post(owner, svc, "Conflict", conflict_message(placement.conflicts))
-    else:
-        svc.posted.pop("Conflict", None)
     svc.errors = tuple(placement.missing)
     pods = index_pods(pods_index, owner.namespace, owner.name, owner.uid)
     states = index_states(states_index, owner.namespace, owner.name, owner.uid)
@@ -642,8 +644,14 @@ async def sync_pods(
         log.info("%s/%s: being deleted (API server); creating nothing",
                  owner.namespace, owner.name)  # fmt: skip
         return None
-    if svc.foreign:
-        state.post(owner, svc, "Conflict", "; ".join(sorted(svc.foreign.values())))
+    # One Conflict Event per distinct situation: nodes lost, names taken by foreign objects.
+    conflicts = sorted(svc.foreign.values())
+    if placement.conflicts:
+        conflicts.append(conflict_message(placement.conflicts))
+    if conflicts:
+        state.post(owner, svc, "Conflict", "; ".join(conflicts))
+    else:
+        svc.posted.pop("Conflict", None)
     ready_nodes = set(configmaps) if identity else set()
     selection = Selection(placement.selection.create & ready_nodes, placement.selection.keep)
     image = parsed.image or state.config.serving_image

@@ -2,6 +2,7 @@
 
     python -m horizonserve.operator.crd            # print the YAML
     python -m horizonserve.operator.crd --write    # write crds/horizonserve.io_omniservices.yaml
+                                                   # and manifests/crd-cel/ (1.25+ variant)
 
 The pydantic JSON Schema is turned into a Kubernetes *structural* schema: `$ref`s inlined,
 `Optional[X]` collapsed to `X` (not required), titles dropped, JSON-Schema-2020
@@ -9,7 +10,16 @@ The pydantic JSON Schema is turned into a Kubernetes *structural* schema: `$ref`
 `x-kubernetes-int-or-string` (with both branches' bounds), constrained map keys
 (`patternProperties`, `propertyNames`, which structural schemas lack) reduced to the value
 schema, and only scalar defaults kept (object defaults apply in the operator, where the models
-fill them). No CEL rules: Kubernetes 1.20 lacks them.
+fill them).
+
+Rules the schema's keywords cannot state but CEL can (`CEL_RULES`) are added as
+`x-kubernetes-validations` in a second rendering, `manifests/crd-cel/` (`--cel`), for servers
+with CRD validation rules (1.25+): they refuse at apply even while the operator and its
+webhook are down. The shipped CRD (`crds/`, the chart's) leaves them out: a 1.20-1.24 server
+drops the keyword, but kubectl and helm validate against that server's own CRD schema first
+and refuse the whole file. On 1.30+ the chart's ValidatingAdmissionPolicy holds the same rules
+(and the chart's policy) without the variant. `metadata.name` is held to a DNS-1035 label (the
+Service takes the name) by the schema itself, on every server.
 
 Unknown fields are refused, not pruned: every object of the spec carries
 `x-kubernetes-preserve-unknown-fields: true`, so the API server keeps a mistyped field (say
@@ -28,6 +38,7 @@ from typing import Any
 import yaml
 
 from horizonserve.operator import models
+from horizonserve.operator.policy import DNS_1035_MAX, DNS_1035_PATTERN
 
 CRD_FILE = "horizonserve.io_omniservices.yaml"
 HEADER = (
@@ -143,8 +154,34 @@ def _object_schema(
     )
 
 
-def open_api_schema() -> dict[str, Any]:
+# (path of the object in the spec schema, CEL rule, message); `self` is that object.
+CEL_RULES: list[tuple[tuple[str, ...], str, str]] = [
+    ((), "(has(self.nodeSelector) && size(self.nodeSelector) > 0) || "
+     "(has(self.allGpuNodes) && self.allGpuNodes)",
+     "nodeSelector: empty; name the node labels to serve on, or set allGpuNodes: true"),
+    ((), "!has(self.model) || !self.model.startsWith('-')",
+     "model: a model id or a path, never a command-line flag"),
+    (("control",), "!has(self.rotationNMin) || !has(self.rotationNMax) || "
+     "self.rotationNMin <= self.rotationNMax",
+     "rotationNMin: must not exceed rotationNMax"),
+    (("ladder",), "self.levels[size(self.levels) - 1] <= self.aggressive && "
+     "self.aggressive <= self.total",
+     "levels: S_cap (the last level) <= aggressive <= total must hold"),
+]  # fmt: skip
+
+
+def _add_cel_rules(spec: dict[str, Any]) -> None:
+    for path, rule, message in CEL_RULES:
+        node = spec
+        for key in path:
+            node = node["properties"][key]
+        node.setdefault("x-kubernetes-validations", []).append({"rule": rule, "message": message})
+
+
+def open_api_schema(cel: bool = False) -> dict[str, Any]:
     spec = _object_schema(models.OmniServiceSpec, defaults=True, preserve=True)
+    if cel:
+        _add_cel_rules(spec)
     status = _object_schema(models.OmniServiceStatus, defaults=False)
     # Conditions are keyed by type (as metav1.Condition lists are everywhere).
     conditions = status["properties"]["conditions"]
@@ -157,7 +194,17 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # The Service in front of the pods takes the name: a DNS-1035 label.
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "maxLength": DNS_1035_MAX,
+                        "pattern": DNS_1035_PATTERN,
+                    }
+                },
+            },
             "spec": spec,
             "status": status,
         },
@@ -190,7 +237,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def crd() -> dict[str, Any]:
+def crd(cel: bool = False) -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -217,20 +264,29 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": open_api_schema()},
+                    "schema": {"openAPIV3Schema": open_api_schema(cel)},
                 }
             ],
         },
     }
 
 
-def render() -> str:
-    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
+def render(cel: bool = False) -> str:
+    text = yaml.safe_dump(crd(cel), sort_keys=False, width=100, allow_unicode=True)
+    return HEADER + (CEL_HEADER if cel else "") + text
 
 
-def default_path() -> Path:
-    """`crds/` at the repository root (this file lives in `<root>/operator/`)."""
-    return Path(__file__).resolve().parent.parent / "crds" / CRD_FILE
+CEL_HEADER = (
+    "# Kubernetes 1.25+ only (CEL validation rules): apply it instead of crds/ to have the API\n"
+    "# server itself refuse what the rules state, with no operator up.\n"
+)
+
+
+def default_path(cel: bool = False) -> Path:
+    """`crds/` at the repository root (this file lives in `<root>/operator/`), or the CEL
+    variant in `manifests/crd-cel/`."""
+    root = Path(__file__).resolve().parent.parent
+    return (root / "manifests" / "crd-cel" if cel else root / "crds") / CRD_FILE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,15 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", action="store_true", help=f"write crds/{CRD_FILE}")
     parser.add_argument("--output", type=Path, default=None, help="file to write instead")
+    parser.add_argument("--cel", action="store_true", help="print the 1.25+ variant")
     args = parser.parse_args(argv)
-    text = render()
-    if args.write or args.output:
-        path = args.output or default_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}", file=sys.stderr)
+    if args.write and not args.output:
+        for cel in (False, True):
+            path = default_path(cel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render(cel))
+            print(f"wrote {path}", file=sys.stderr)
+    elif args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(render(args.cel))
+        print(f"wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(render(args.cel))
     return 0
 
 

@@ -75,22 +75,34 @@ NAMESPACED_RULES = {
     ("horizonserve.io", "omniservices"): {"list", "watch", "patch"},
     ("horizonserve.io", "omniservices/status"): {"patch"},
     ("", "pods"): {*V, "create", "delete"},
-    ("", "configmaps"): {"list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"create", "patch", "delete"},
-    ("", "serviceaccounts"): {"create", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"create", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "delete", "patch"},
+    # `get` on a name taken: whose object is it (never patch or delete another's)
+    ("", "services"): {"get", "create", "patch", "delete"},
+    # the sidecars' identity, one per OmniService (the garbage collector deletes it)
+    ("", "serviceaccounts"): {"get", "create"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create"},
+    # a referenced Secret's metadata (the label that allows its use), never listed
+    ("", "secrets"): {"get"},
     ("", "events"): {"create"},
 }
 CLUSTER_SCOPED_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
+    ("node.k8s.io", "runtimeclasses"): {"list", "watch"},
+    ("scheduling.k8s.io", "priorityclasses"): {"list", "watch"},
 }
 # Namespaced mode: the finalizer cleanup of OmniServices outside the namespace (cleanup.py).
 NAMESPACED_MODE_ONLY_RULES = {("horizonserve.io", "omniservices"): {"list", "patch"}}
 WEBHOOK_ENV = {
     "HORIZONSERVE_WEBHOOK_CERT_DIR": "/etc/horizonserve/webhook",
     "HORIZONSERVE_WEBHOOK_PORT": "9443",
+}
+# What a spec may ask for (values servingPolicy.*; operator/policy.py), at their defaults.
+POLICY_ENV = {
+    "HORIZONSERVE_ALLOWED_REGISTRIES": "",
+    "HORIZONSERVE_ALLOWED_PRIORITY_CLASSES": "",
+    "HORIZONSERVE_NODE_STATE_GRACE": "600",
 }
 # Model sources (values modelSource.*; operator/model_source.py), at their defaults.
 MODEL_SOURCE_ENV = {
@@ -223,6 +235,7 @@ def test_deployment_runs_one_operator_safely(helm_bin: str) -> None:
         "HORIZONSERVE_LOG_LEVEL": "INFO",
         **WEBHOOK_ENV,
         **MODEL_SOURCE_ENV,
+        **POLICY_ENV,
     }
 
 
@@ -307,6 +320,7 @@ def test_custom_values_reach_the_deployment(helm_bin: str) -> None:
         "HORIZONSERVE_LOG_LEVEL": "DEBUG",
         **WEBHOOK_ENV,
         **MODEL_SOURCE_ENV,
+        **POLICY_ENV,
         "HTTPS_PROXY": "http://proxy:3128",
     }
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
@@ -398,7 +412,56 @@ def test_every_rbac_rule_is_commented_and_least_privilege(helm_bin: str, variant
                 assert "*" not in rule[key], f"wildcard in {role['kind']}: {rule}"
             forbidden = {"escalate", "bind", "impersonate", "deletecollection"}
             assert not forbidden & set(rule["verbs"]), rule
-            assert "secrets" not in rule["resources"], rule
+            # Secrets: `get` only (a referenced Secret's labels, read as metadata), never
+            # list or watch (that would read every Secret of the namespace).
+            if "secrets" in rule["resources"]:
+                assert rule["verbs"] == ["get"] and rule["resources"] == ["secrets"], rule
+
+
+def _webhook_selector(helm_bin: str, values: dict[str, Any], kube: str) -> list[dict]:
+    docs = template(helm_bin, values, extra=("--kube-version", kube))
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    return hook["namespaceSelector"]["matchExpressions"]
+
+
+def test_webhook_scope_spares_other_namespaces_and_the_operators(helm_bin: str) -> None:
+    opt_out = {"key": "horizonserve.io/webhook", "operator": "NotIn", "values": ["disabled"]}
+    name = "kubernetes.io/metadata.name"
+    # Namespaced mode: the watched namespace only, so a restart blocks no other namespace
+    # and the finalizer release elsewhere never meets the webhook.
+    assert _webhook_selector(helm_bin, VARIANTS["namespaced"], "1.21.0") == [
+        opt_out, {"key": name, "operator": "In", "values": ["team-a"]},
+    ]  # fmt: skip
+    # Cluster-wide: every namespace but the operator's own.
+    assert _webhook_selector(helm_bin, {}, "1.30.0") == [
+        opt_out, {"key": name, "operator": "NotIn", "values": [DEFAULT_NAMESPACE]},
+    ]  # fmt: skip
+    # Before 1.21 namespaces carry no name label: only the opt-out.
+    assert _webhook_selector(helm_bin, VARIANTS["namespaced"], "1.20.2") == [opt_out]
+
+
+def test_admission_policy_only_where_served_and_with_the_chart_policy(helm_bin: str) -> None:
+    assert not find(template(helm_bin), "ValidatingAdmissionPolicy")
+    served = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+    docs = template(helm_bin, extra=served)
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert '["ghcr.io"]' in rules  # the chart's own serving image's registry by default
+    assert "startsWith('system-')" in rules and "startsWith('-')" in rules
+    docs = template(
+        helm_bin,
+        {
+            "servingPolicy.registries": ["registry.example:5000"],
+            "servingPolicy.priorityClasses": ["gpu-serving"],
+        },
+        extra=served,
+    )
+    rules = " ".join(v["expression"] for v in one(docs, "ValidatingAdmissionPolicy")["spec"][
+        "validations"])  # fmt: skip
+    assert '["registry.example:5000"]' in rules and '["gpu-serving"]' in rules
 
 
 def test_existing_service_account_and_no_rbac(helm_bin: str) -> None:

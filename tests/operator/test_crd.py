@@ -24,6 +24,30 @@ def test_committed_crd_matches_the_models() -> None:
     )
 
 
+def test_cel_variant_matches_the_models_and_carries_the_rules() -> None:
+    path = crd.default_path(cel=True)
+    assert path.read_text() == crd.render(cel=True), f"run `python -m {crd.__name__} --write`"
+    schema = crd.crd(cel=True)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("nodeSelector" in r for r in rules) and any("startsWith('-')" in r for r in rules)
+    assert spec["properties"]["control"]["x-kubernetes-validations"]
+    # The shipped CRD has none: kubectl and helm refuse the keyword against a 1.20-1.24 server.
+    assert "x-kubernetes-validations" not in crd.render()
+
+
+def test_the_name_must_be_a_dns_1035_label() -> None:
+    """The Service in front of the pods takes the OmniService's name."""
+    import re
+
+    name = crd.open_api_schema()["properties"]["metadata"]["properties"]["name"]
+    assert name["maxLength"] == 63
+    for good in ("payments", "qwen-omni", "a1"):
+        assert re.match(name["pattern"], good)
+    for bad in ("my.svc", "9lives", "-x", "x-", "Upper"):
+        assert not re.match(name["pattern"], bad), bad
+
+
 def test_cli_prints_and_writes(tmp_path, capsys) -> None:
     assert crd.main([]) == 0
     assert capsys.readouterr().out == crd.render()

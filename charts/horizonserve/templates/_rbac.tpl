@@ -13,11 +13,13 @@ The operator's RBAC rules, in two sets:
   kube-system included; pick namespaced mode where that is too much.
 
 Only the verbs the operator uses (tests/k8s/test_trust.py compares these rules with the
-API server's audit log of an end-to-end run). No wildcards, no `get` where the index serves,
-no `update`, no `deletecollection`, no secrets, no `bind`/`escalate`. The Role the operator
-makes for each serving pod holds only `configmaps patch` on that pod's ConfigMap, which the
-operator holds itself at the same scope, so the escalation check lets it create that Role and
-its RoleBinding without `escalate`/`bind`.
+API server's audit log of an end-to-end run). No wildcards, no `get` where the index serves
+(`get` only to check who owns an object whose name is taken), no `update`, no
+`deletecollection`, no `bind`/`escalate`; secrets: `get` of their metadata only
+(PartialObjectMetadata), to check the label that allows an OmniService to use one. The Role
+the operator makes for an OmniService's sidecars holds only `configmaps patch` on that
+OmniService's node ConfigMaps, which the operator holds itself at the same scope, so the
+escalation check lets it create that Role and its RoleBinding without `escalate`/`bind`.
 */}}
 
 {{- define "horizonserve.rbac.clusterScopedRules" -}}
@@ -32,8 +34,17 @@ its RoleBinding without `escalate`/`bind`.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
+# Which RuntimeClasses and PriorityClasses exist (kopf.index, read-only): an OmniService whose
+# class is missing can run no pod, so it owns no node.
+- apiGroups: ["node.k8s.io"]
+  resources: ["runtimeclasses"]
+  verbs: ["list", "watch"]
+# (the PriorityClass index, likewise)
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["list", "watch"]
 {{- if .Values.operator.watchNamespace }}
-# Namespaced mode, once at start (operator/cleanup.py): GET /apis/horizonserve.io/v1alpha1/
+# Namespaced mode, at start until done (operator/cleanup.py): GET /apis/horizonserve.io/v1alpha1/
 # omniservices, and a JSON PATCH removing only horizonserve.io/finalizer from OmniServices
 # outside the watched namespace (left there by an earlier cluster-wide install; their
 # deletion would hang otherwise). The operator changes nothing else outside its namespace.
@@ -59,25 +70,37 @@ its RoleBinding without `escalate`/`bind`.
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
 # Each node's ConfigMap (calibration artifacts + summary): list + watch (index), POST empty
-# (the sidecar may only patch it), DELETE when the node leaves. `patch` is not called by the
-# operator: it is held so that it may grant `patch` on that one ConfigMap to the pod's Role.
+# (the sidecar may only patch it), GET after a create met 409 (whose is it?), DELETE once the
+# node has left for the grace period. `patch` is not called by the operator: it is held so
+# that it may grant `patch` on those ConfigMaps to the sidecars' Role.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["list", "watch", "create", "delete", "patch"]
-# The Service per OmniService: POST, PATCH (internalTrafficPolicy), DELETE (service.enabled
-# false).
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# The Service per OmniService: POST; GET after a 409 (a Service of that name that is not the
+# OmniService's is never patched nor deleted); PATCH (internalTrafficPolicy), DELETE
+# (service.enabled false), both only on its own.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "patch", "delete"]
-# Each serving pod's own identity: POST the ServiceAccount, Role and RoleBinding, DELETE them
-# when its node leaves. Owned by the OmniService.
+  verbs: ["get", "create", "patch", "delete"]
+# The sidecars' identity, one per OmniService: POST the ServiceAccount, RoleBinding and Role,
+# GET after a 409 (ownership), PATCH the Role's ConfigMap names as nodes come and go. Owned
+# by the OmniService (the garbage collector deletes them with it).
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["create", "delete"]
-# (same calls for the pod's Role, which grants only `patch` on its ConfigMap, and RoleBinding)
+  verbs: ["get", "create"]
+# (the RoleBinding of that ServiceAccount to the Role below: POST, GET after a 409)
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["create", "delete"]
+  resources: ["rolebindings"]
+  verbs: ["get", "create"]
+# (the Role: POST, GET after a 409, PATCH its resourceNames; never an empty list)
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles"]
+  verbs: ["get", "create", "patch"]
+# `spec.apiKeySecret`: GET the Secret's metadata (PartialObjectMetadata, never its data) for
+# the label horizonserve.io/api-key=allowed, set by whoever may read the Secret.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 # kopf: POST /api/v1/namespaces/NS/events: Warning Events (InvalidSpec, PodCreationFailed,
 # Conflict, handler errors) on the OmniService.
 - apiGroups: [""]
