@@ -9,6 +9,7 @@ writing the pod status the kubelet would (the `weights` init container running, 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,6 +170,13 @@ def test_each_source_kind_builds_its_pod(cluster: Any, ns: str) -> None:
         pod = _one_pod(cluster, ns, "image")
         assert _container(pod, "weights")["image"] == weights_image
         assert _volumes(pod)["model"]["emptyDir"] == {"sizeLimit": "30Gi"}
+
+        # The pods as stored are what the operator built: no drift, so no replacement over
+        # several resync passes (1 s each here).
+        uids = {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))}
+        assert len(uids) == 4
+        time.sleep(5)
+        assert {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))} == uids
 
 
 def test_token_secret_must_carry_the_allowing_label(cluster: Any, ns: str) -> None:
