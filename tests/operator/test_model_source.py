@@ -184,6 +184,30 @@ def test_image_volume_where_the_cluster_supports_it(monkeypatch: pytest.MonkeyPa
     assert restricted_violations(pod["spec"]) == ["volume model: type ['image']"]
 
 
+@pytest.mark.parametrize("version", ["1.25.0", "1.33.0", "1.37.0"])
+def test_pods_of_every_kind_are_valid_kubernetes(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kind's pod against Kubernetes' own schema (`kubernetes-validate --strict`,
+    offline): the image volume from 1.33 on (ImageVolume), the rest on every version."""
+    from tests.charts.chartlib import kubernetes_validate
+
+    image = {"image": {"reference": "registry.example/w:1", "pullPolicy": "IfNotPresent"}}
+    sources = [HF, {"pvc": {"claimName": "m", "path": "a/b"}}, image]
+    pods = [_pod({"modelSource": s, "engineArgs": {"maxModelLen": 4096}}) for s in sources]
+    if version != "1.25.0":
+        monkeypatch.setenv(model_source.IMAGE_VOLUMES_ENV, "true")
+        pods.append(_pod({"modelSource": image}))
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump_all(pods))
+    res = kubernetes_validate(path, version)
+    assert res.returncode == 0, res.stdout + res.stderr
+    if version == "1.25.0":  # not vacuous: an image volume is unknown before 1.31
+        monkeypatch.setenv(model_source.IMAGE_VOLUMES_ENV, "true")
+        path.write_text(yaml.safe_dump(_pod({"modelSource": image})))
+        assert kubernetes_validate(path, version).returncode != 0
+
+
 def test_policy_comes_from_the_operator_environment() -> None:
     env = {
         model_source.ALLOW_TRUST_REMOTE_CODE_ENV: "true",
