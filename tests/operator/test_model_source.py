@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -518,6 +519,63 @@ def test_fetch_serves_from_the_cache_offline_and_says_why_it_cannot(
     assert model_fetch.main(["huggingface", "--repo", "tiny/other", "--cache-dir", str(cache)]) == 1
     assert "not in the cache and the hub cannot be reached" in log.read_text()
     assert "modelSource.pvc" in capsys.readouterr().out
+
+
+TINY_CONFIG = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64}
+LOAD = (
+    "import sys, transformers; c = transformers.AutoConfig.from_pretrained(sys.argv[1], "
+    "revision=sys.argv[2] or None); print(c.model_type, c.hidden_size)"
+)
+
+
+@pytest.mark.parametrize("kind", ["huggingFace", "pvc"])
+def test_the_serving_container_loads_offline_from_what_the_pod_mounts(
+    kind: str, tmp_path: Path
+) -> None:
+    """What vLLM does first with the model argument (resolve its config through transformers
+    and huggingface_hub), run with the serving container's own environment and arguments: a
+    HF cache as the weights init container leaves it, or a directory as the PVC mounts it.
+    Offline: no network is reached (HF_HUB_OFFLINE=1 comes from the pod)."""
+    pytest.importorskip("transformers")
+    source = HF if kind == "huggingFace" else {"pvc": {"claimName": "m", "path": "qwen"}}
+    serving = _container(_pod({"modelSource": source}), "serving")
+    env = {k: v for k, v in _env(serving).items() if isinstance(v, str)}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    command = serving["command"]
+    model = command[2]
+    revision = command[command.index("--revision") + 1] if "--revision" in command else ""
+    files = {"config.json": json.dumps(TINY_CONFIG)}
+    if kind == "huggingFace":
+        # The cache volume: the layout huggingface_hub's snapshot_download leaves.
+        hub = tmp_path / "hub"
+        _fake_hf_cache(hub, model, files)
+        env["HF_HUB_CACHE"] = str(hub)  # the pod's path, moved under tmp_path
+    else:
+        # The claim's directory, as the subPath mount shows it at MODEL_MOUNT.
+        model_dir = tmp_path / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(files["config.json"])
+        model = str(model_dir)
+    run_env = {**os.environ, **env, "HF_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, model, revision],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["qwen2", "64"]
+    # Not vacuous: the same offline load of a repo the cache lacks fails.
+    if kind == "huggingFace":
+        missing = subprocess.run(
+            [sys.executable, "-c", LOAD, "tiny/not-cached", ""],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert missing.returncode != 0
 
 
 def test_copy_script_copies_and_reports(tmp_path: Path) -> None:
