@@ -164,12 +164,14 @@ def artifact_file(text: str) -> str:
 def control_pair(text: str) -> tuple[str, str]:
     """`KEY=VALUE`: one control knob override (`ControlParams`), checked by name here and by
     value where it is applied."""
-    from horizonserve.runtime.config import ControlParams
+    from horizonserve.runtime.config import RETIRED_KNOBS, ControlParams
 
     key, eq, value = text.partition("=")
     if not eq or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. downstream_urgency=slack")
+    if key in RETIRED_KNOBS:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: give KEY=VALUE, e.g. saturated_downstream_first=false"
+            f"{key!r} is no longer a control knob; {RETIRED_KNOBS[key]}"
         )
     if key not in ControlParams.model_fields:
         raise argparse.ArgumentTypeError(

@@ -7,6 +7,8 @@ schema are all derived from these pydantic models. Validation errors name the of
 from __future__ import annotations
 
 import itertools
+import re
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Annotated, Self
 
@@ -228,9 +230,151 @@ class SmLadder(_Model):
         return max(0, self.total - shared_sms)
 
 
-class ControlParams(_Model):
-    """Online control parameters (paper defaults)."""
+class Rotation(StrEnum):
+    """Which waiting prefills a step may see, by path."""
 
+    OFF = "off"  # every waiting request every step
+    PATH = "path"  # N:M short-/long-path phases, slack guard, long-path cap (`runtime.temporal`)
+
+
+class ViewOrder(StrEnum):
+    """The order the base scheduler sees the visible requests in."""
+
+    ARRIVAL = "arrival"  # queue order (FCFS)
+    DEADLINE = "deadline"  # on-time requests by deadline (EDF; HorizonServe's order)
+    PRIORITY = "priority"  # (API priority code, arrival): vLLM's priority policy
+
+
+class LateRule(StrEnum):
+    """What a waiting prefill past its deadline becomes."""
+
+    COMPETE = "compete"  # an ordinary request, in view order with the on-time ones
+    YIELD = "yield"  # after every on-time one; the long-path cap goes to on-time ones first
+    YIELD_PHASE = "yield-phase"  # YIELD, and a short-path phase of late prefills yields too
+    PROTECT = "protect"  # stays protected past its deadline
+
+
+class SmSplit(StrEnum):
+    """How the shared stage's SMs are chosen while downstream stages co-run."""
+
+    UNCAPPED = "uncapped"  # every stage may use the whole GPU
+    LADDER = "ladder"  # Eq. (1): the pressure-guided ladder
+    SLACK = "slack"  # the ladder, and the reservation for a more urgent downstream side
+
+
+class DownstreamUrgency(StrEnum):
+    """What makes the downstream side urgent under the slack split."""
+
+    SLACK = "slack"  # its most urgent request's slack ratio
+    SATURATED = "saturated"  # … and a stage whose places are all taken while requests wait
+
+
+class DownstreamOrder(StrEnum):
+    """Admission order at the downstream stages."""
+
+    FIFO = "fifo"  # first come, first served; streams never yield
+    DEADLINE = "deadline"  # by first-response deadline, late ones behind; playback yielding
+    PLACE = "place"  # DEADLINE, Moore–Hodgson over the places once they cannot start all
+
+
+class Preemption(StrEnum):
+    """Who may preempt a running shared-stage request (besides the engine's own KV rule)."""
+
+    NONE = "none"
+    SHARED = "shared"  # a protected short-path prompt: the long-path decode with most slack
+
+
+class Boost(StrEnum):
+    """When the shared stage runs above its cap (S_aggr) while downstream stages co-run."""
+
+    NONE = "none"
+    PREFILL = "prefill"  # the prefill of an iteration admitting an urgent prompt
+    BACKLOG = "backlog"  # the whole iteration while its running set is full and requests wait
+    PREFILL_BACKLOG = "prefill-backlog"  # both
+
+    @property
+    def prefill(self) -> bool:
+        return self in (Boost.PREFILL, Boost.PREFILL_BACKLOG)
+
+    @property
+    def backlog(self) -> bool:
+        return self in (Boost.BACKLOG, Boost.PREFILL_BACKLOG)
+
+
+class ControlParams(_Model):
+    """Online control: the policy's axes (defaults: HorizonServe) and numeric tunables.
+
+    A named policy (`PolicyName`, `PRESETS`) overrides axes of these; an invalid combination
+    is refused when the parameters are built, with both fields named.
+    """
+
+    rotation: Rotation = Field(
+        Rotation.PATH,
+        description="Path rotation: 'path' rotates short- and long-path phases N:M, with the "
+        "slack guard (protected requests always visible) and the long-path cap; 'off' shows "
+        "every waiting request every step.",
+    )
+    view_order: ViewOrder = Field(
+        ViewOrder.DEADLINE,
+        description="The order the shared stage's base scheduler sees visible requests in: "
+        "'deadline' lists on-time requests by deadline (a tight-SLO prompt is not left behind "
+        "a loose one for the running set's last place; with rotation a long-path phase keeps "
+        "on-time short-path prefills visible in that order); 'arrival' is queue order; "
+        "'priority' is vLLM's (priority code, arrival), without rotation.",
+    )
+    late: LateRule = Field(
+        LateRule.YIELD_PHASE,
+        description="A waiting prefill past its deadline: 'yield' puts it after every on-time "
+        "one and gives the long-path cap to on-time prefills first (nothing is dropped; under "
+        "overload the stage stops spending itself on requests already lost); 'yield-phase' "
+        "also lets a short-path phase of only late prefills yield to on-time long-path ones; "
+        "'compete' leaves it an ordinary request; 'protect' keeps protecting it.",
+    )
+    sm_split: SmSplit = Field(
+        SmSplit.SLACK,
+        description="The shared stage's SMs while downstream stages co-run: 'ladder' is Eq. "
+        "(1) (the pressure rule over the calibrated ladder); 'slack' also moves toward the "
+        "side whose most urgent request has less slack (the reservation for an urgent "
+        "downstream side, the shared stage held while it is the bottleneck, `shared_hold_s`); "
+        "'uncapped': every stage on the whole GPU.",
+    )
+    downstream_urgency: DownstreamUrgency = Field(
+        DownstreamUrgency.SATURATED,
+        description="What makes the downstream side urgent under the slack split: 'saturated' "
+        "counts a stage whose places are all taken while requests wait as the most urgent side "
+        "(after the shared stage's own waiting short-path or protected prompts): it is then the "
+        "bottleneck; 'slack': its most urgent request's slack decides. 'saturated' needs "
+        "sm_split 'slack' and a downstream order other than 'fifo'.",
+    )
+    downstream: DownstreamOrder = Field(
+        DownstreamOrder.PLACE,
+        description="Downstream admission: 'deadline' admits by first-response deadline among "
+        "requests that can still meet it, late ones behind, and lets a started stream yield "
+        "its talker step (`playback_margin_s`); 'place' also admits by Moore–Hodgson over the "
+        "places' estimated free times once they cannot start every meetable request in time; "
+        "'fifo': first come, first served.",
+    )
+    preemption: Preemption = Field(
+        Preemption.SHARED,
+        description="'shared': when a protected short-path request waits on a full running "
+        "set, preempt the running long-path decode with the most slack (never a short-path or "
+        "protected one), where the recompute costs less than the wait it saves. 'none'.",
+    )
+    boost: Boost = Field(
+        Boost.PREFILL_BACKLOG,
+        description="Above the cap while co-running: 'prefill' runs the prefill of an "
+        "iteration admitting a short-path or protected prompt on S_aggr (prefill is "
+        "compute-bound; its decode keeps the cap); 'backlog' runs the whole iteration on "
+        "S_aggr while the running set is full and requests wait, where the calibration says "
+        "it pays (`SharingVerdicts.backlog_lift_pays`); 'prefill-backlog' both; 'none'. Needs "
+        "an sm_split other than 'uncapped'.",
+    )
+    reject_late: bool = Field(
+        False,
+        description="Refuse a long-path request at hand-off once it can no longer meet its "
+        "deadline (the client gets a reason) instead of serving it late. Needs a downstream "
+        "order other than 'fifo'.",
+    )
     u_guard: float = Field(
         1.5, gt=0, le=100, description="Slack-ratio guard: a request with u < u_guard is protected."
     )
@@ -261,52 +405,6 @@ class ControlParams(_Model):
         le=MAX_ROTATION_STEPS,
         description="Ladder steps the snapped target must differ by to change the cap.",
     )
-    urgent_prefill_boost: bool = Field(
-        True,
-        description="Run the prefill of an iteration that admits a short-path or protected "
-        "prompt on S_aggr SMs instead of the cap; its decode keeps the cap. Prefill is "
-        "compute-bound, so the cap stretches tight TTFT targets without saving the memory "
-        "bandwidth it is there to leave to downstream stages.",
-    )
-    backlog_lift: bool = Field(
-        True,
-        description="While the shared stage's running set is full and requests wait, run it on "
-        "S_aggr SMs: it is then the bottleneck, and the cap only lengthens its queue.",
-    )
-    protect_past_deadline: bool = Field(
-        False,
-        description="Keep protecting a waiting request after its deadline passed. Off: once "
-        "late it has missed its SLO and competes as an ordinary request, so protection is "
-        "spent on requests that can still meet theirs.",
-    )
-    late_yield: bool = Field(
-        True,
-        description="A waiting prefill past its deadline follows every on-time one in the "
-        "shared stage's queue, and the long-path cap goes to on-time prefills first. Late "
-        "requests still fill what the on-time ones leave (nothing is dropped); under overload "
-        "the stage stops spending itself on requests already lost. Ignored with "
-        "protect_past_deadline.",
-    )
-    late_phase_yield: bool = Field(
-        True,
-        description="With late_yield, a short-path phase whose ordinary prefills are all late "
-        "yields to the on-time long-path ones: past capacity, text that already missed its "
-        "SLO does not hold the shared stage while speech or image prompts that can still "
-        "make theirs wait until they are late too.",
-    )
-    deadline_order: bool = Field(
-        True,
-        description="The shared stage's view lists its on-time requests by deadline, not "
-        "arrival (late ones after them with late_yield), and a long-path phase keeps on-time "
-        "short-path prefills visible in that order: a tight-SLO prompt is not left behind a "
-        "loose one (a summary, a speech prompt) for the running set's last place.",
-    )
-    reservation_pays: bool = Field(
-        True,
-        description="Calibration's verdict for this pipeline: the downstream co-runner steps "
-        "faster on the SMs the shared stage leaves it at S_min than as an uncapped MPS client. "
-        "False: an urgent downstream side gets uncapped co-running instead of the reservation.",
-    )
     shared_hold_s: float = Field(
         5.0,
         ge=0,
@@ -323,43 +421,6 @@ class ControlParams(_Model):
         le=1,
         description="ρ used while the pressure signal is unknown (1.0 = S_cap, the safe side).",
     )
-    downstream_admission: bool = Field(
-        True,
-        description="Downstream stages admit by first-response slack: earliest deadline first "
-        "among requests that can still meet it, late ones behind (served, counted). Off: "
-        "first come, first served.",
-    )
-    place_admission: bool = Field(
-        True,
-        description="Once a downstream stage's places cannot start every meetable request in "
-        "time, admit by Moore–Hodgson over the places' estimated free times and each "
-        "request's answer length: deadline order, deferring the longest answers that would "
-        "make shorter ones miss. Where every request can start in time it is deadline order. "
-        "Needs downstream_admission. Off: deadline order alone.",
-    )
-    saturated_downstream_first: bool = Field(
-        True,
-        description="Under the slack split, a downstream stage whose places are all taken "
-        "while requests wait for one counts as the most urgent side (after the shared "
-        "stage's own waiting short-path or protected prompts): it is then the bottleneck, and "
-        "its step time decides how many requests start in time, so it gets the configuration "
-        "calibration chose for an urgent downstream side (the reservation where that pays). "
-        "Needs downstream_admission. Off: its most urgent request's slack decides.",
-    )
-    place_wait_slack: bool = Field(
-        False,
-        description="With saturated_downstream_first and place_admission: a full downstream "
-        "stage reports its waiting requests' slack with each one's wait for a place counted "
-        "(at the stage's present pace) instead of counting as the most urgent side, so the "
-        "split gives it SMs only while a waiting request would start late and no shared "
-        "request is more urgent. Off by default: on the H200 it gained 2.7 pp at "
-        "Qwen2.5-Omni 6 req/s and lost 3.6 pp at 60 % speech and 2 % of capacity.",
-    )
-    reject_late: bool = Field(
-        False,
-        description="Refuse a long-path request at hand-off once it can no longer meet its "
-        "deadline (the client gets a reason) instead of serving it late.",
-    )
     playback_margin_s: float = Field(
         2.0,
         ge=0,
@@ -367,56 +428,125 @@ class ControlParams(_Model):
         description="Audio (s) a started speech stream may hold ahead of real-time playback "
         "before it yields its talker step to a request still waiting for its first chunk.",
     )
-    shared_preemption: bool = Field(
-        True,
-        description="When a protected short-path request waits on a full running set, preempt "
-        "the running long-path decode with the most slack (never a short-path or protected "
-        "one).",
-    )
-    slack_split: bool = Field(
-        True,
-        description="Split the SMs by both sides' slack: move toward the side whose most "
-        "urgent runnable request has less slack, give an idle side's SMs away. Eq. (1)'s "
-        "pressure rule stays the bound inside the ladder.",
-    )
-    throttling_pays: bool = Field(
-        True,
-        description="Calibration's verdict for this pipeline: capping the shared stage beside "
-        "its downstream co-runner costs less than uncapped co-running under MPS. False: the "
-        "shared stage runs uncapped beside the downstream, and the ladder only reserves SMs "
-        "for an urgent downstream side.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_retired_names(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for key in data:
+                hint = RETIRED_KNOBS.get(_snake(str(key)))
+                if hint is not None:
+                    raise ValueError(f"{key}: no longer a control parameter; {hint}")
+        return data
 
     @model_validator(mode="after")
-    def _n_range(self) -> Self:
+    def _consistent(self) -> Self:
         if self.rotation_n_min > self.rotation_n_max:
             raise ValueError(
                 f"rotation_n_min {self.rotation_n_min} exceeds rotation_n_max {self.rotation_n_max}"
             )
+        for (a, bad_a), (b, bad_b), why in _EXCLUSIONS:
+            if getattr(self, a) in bad_a and getattr(self, b) in bad_b:
+                raise ValueError(
+                    f"{a} {_text(getattr(self, a))} with {b} {_text(getattr(self, b))}: {why}"
+                )
         return self
 
 
-# The controller before a knob existed: a run recorded without it is replayed with these
-# values (downstream FIFO, no preemption, Eq. (1)'s ladder alone), never with today's defaults.
-CONTROL_BEFORE_KNOB: dict[str, object] = {
-    "downstream_admission": False,
-    "shared_preemption": False,
-    "slack_split": False,
-    "throttling_pays": True,
-    "reservation_pays": True,
-    "shared_hold_s": 0.0,
-    "late_yield": False,
-    "late_phase_yield": False,
-    "place_admission": False,
-    "deadline_order": False,
-    "saturated_downstream_first": False,
-    "place_wait_slack": False,
+def _text(v: object) -> str:
+    return repr(v.value) if isinstance(v, StrEnum) else repr(v)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+# Combinations refused at build: ((field, values), (field, values), why).
+_EXCLUSIONS: tuple[
+    tuple[tuple[str, tuple[object, ...]], tuple[str, tuple[object, ...]], str], ...
+] = (
+    (
+        ("view_order", (ViewOrder.PRIORITY,)),
+        ("rotation", (Rotation.PATH,)),
+        "priority order is a plain queue order; set rotation 'off'",
+    ),
+    (
+        ("view_order", (ViewOrder.PRIORITY,)),
+        ("late", (LateRule.YIELD, LateRule.YIELD_PHASE)),
+        "late prefills yield within arrival or deadline order; set late 'compete'",
+    ),
+    (
+        ("downstream_urgency", (DownstreamUrgency.SATURATED,)),
+        ("sm_split", (SmSplit.UNCAPPED, SmSplit.LADDER)),
+        "only the slack split reads a saturated stage; set downstream_urgency 'slack'",
+    ),
+    (
+        ("downstream_urgency", (DownstreamUrgency.SATURATED,)),
+        ("downstream", (DownstreamOrder.FIFO,)),
+        "a FIFO stage reports no saturation; set downstream_urgency 'slack'",
+    ),
+    (
+        ("reject_late", (True,)),
+        ("downstream", (DownstreamOrder.FIFO,)),
+        "a FIFO stage does not judge deadlines; set reject_late false",
+    ),
+    (
+        ("boost", (Boost.PREFILL, Boost.BACKLOG, Boost.PREFILL_BACKLOG)),
+        ("sm_split", (SmSplit.UNCAPPED,)),
+        "nothing is capped to boost; set boost 'none'",
+    ),
+)
+
+# Control parameters that left, and what replaced each (a run recorded with them replays at its
+# own commit: `runtime.bench.provenance`).
+RETIRED_KNOBS: dict[str, str] = {
+    "urgent_prefill_boost": "use boost ('prefill-backlog', 'prefill', 'backlog' or 'none')",
+    "backlog_lift": "use boost (where calibration says it pays: "
+    "ServingConfig.verdicts.backlog_lift_pays)",
+    "protect_past_deadline": "use late='protect'",
+    "late_yield": "use late ('yield-phase', 'yield', 'compete' or 'protect')",
+    "late_phase_yield": "use late ('yield-phase' or 'yield')",
+    "deadline_order": "use view_order ('deadline' or 'arrival')",
+    "downstream_admission": "use downstream ('place', 'deadline' or 'fifo')",
+    "place_admission": "use downstream ('place' or 'deadline')",
+    "saturated_downstream_first": "use downstream_urgency ('saturated' or 'slack')",
+    "slack_split": "use sm_split ('slack' or 'ladder')",
+    "shared_preemption": "use preemption ('shared' or 'none')",
+    "throttling_pays": "a calibration verdict: ServingConfig.verdicts.throttling_pays",
+    "reservation_pays": "a calibration verdict: ServingConfig.verdicts.reservation_pays",
+    "place_wait_slack": "removed: it lost on the H200 (docs/decisions.md)",
 }
+
+
+class SharingVerdicts(_Model):
+    """Which SM configurations pay on this GPU and pipeline: calibration's verdicts
+    (`PipelineCalibration.verdicts`), not operator choices. Defaults: the paper's premises."""
+
+    throttling_pays: bool = Field(
+        True,
+        description="Capping the shared stage beside its downstream co-runner costs less than "
+        "uncapped co-running under MPS. False: the shared stage runs uncapped beside the "
+        "downstream, and the ladder only reserves SMs for an urgent downstream side.",
+    )
+    reservation_pays: bool = Field(
+        True,
+        description="The downstream co-runner steps faster on the SMs the shared stage leaves "
+        "it at the reservation than as an uncapped MPS client. False: an urgent downstream "
+        "side gets uncapped co-running instead of the reservation.",
+    )
+    backlog_lift_pays: bool = Field(
+        True,
+        description="The shared stage decodes faster on S_aggr as an MPS client beside a "
+        "co-running downstream stage than on its cap: the premise of boost's backlog lift.",
+    )
 
 
 def control_with(control: ControlParams, knobs: dict[str, str]) -> ControlParams:
     """`control` with `knobs` (KEY: VALUE as text, e.g. from `--control KEY=VALUE`) applied and
-    validated; ValueError naming the knob and what it accepts."""
+    validated; ValueError naming the knob and what it accepts (or what replaced it)."""
+    for key in knobs:
+        if key in RETIRED_KNOBS:
+            raise ValueError(f"{key}: no longer a control parameter; {RETIRED_KNOBS[key]}")
     unknown = sorted(set(knobs) - set(ControlParams.model_fields))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown}; see ControlParams")
@@ -424,23 +554,86 @@ def control_with(control: ControlParams, knobs: dict[str, str]) -> ControlParams
         return ControlParams.model_validate({**control.model_dump(), **knobs})
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ValueError(f"{err['loc'][0]}: {err['msg']}") from None
-
-
-def control_as_recorded(recorded: dict[str, object]) -> ControlParams:
-    """The control knobs a run used, from what its plan recorded (see CONTROL_BEFORE_KNOB)."""
-    return ControlParams.model_validate({**CONTROL_BEFORE_KNOB, **recorded})
+        where = f"{err['loc'][0]}: " if err["loc"] else ""
+        raise ValueError(f"{where}{err['msg'].removeprefix('Value error, ')}") from None
 
 
 class PolicyName(StrEnum):
     HORIZON = "horizon"
     FCFS = "fcfs"
     EDF = "edf"
+    PRIORITY = "priority"
+    MPS = "mps"
+    EDF_MPS = "edf-mps"
+    PRIORITY_MPS = "priority-mps"
     NO_ROTATION = "horizon-no-rotation"
     NO_THROTTLING = "horizon-no-throttling"
     NO_DOWNSTREAM = "horizon-no-downstream"
     NO_PREEMPTION = "horizon-no-preemption"
-    PRIORITY = "priority"
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named policy: axes it sets over the configured `ControlParams`, and whether its stages
+    share the GPU under MPS where the engine leaves them uncapped."""
+
+    overrides: dict[str, object]
+    mps: bool = False
+    baseline: bool = False  # a baseline (not HorizonServe or one of its ablations)
+
+    def apply(self, control: ControlParams) -> ControlParams:
+        """`control` with this preset's axes, and the axes those make inert set to their
+        neutral value (a preset never builds a refused combination)."""
+        data = {**control.model_dump(), **self.overrides}
+        if data["sm_split"] is not SmSplit.SLACK or data["downstream"] is DownstreamOrder.FIFO:
+            data["downstream_urgency"] = DownstreamUrgency.SLACK
+        if data["downstream"] is DownstreamOrder.FIFO:
+            data["reject_late"] = False
+        if data["sm_split"] is SmSplit.UNCAPPED:
+            data["boost"] = Boost.NONE
+        return ControlParams.model_validate(data)
+
+
+# The baselines: every axis set (what the configured control says does not touch them).
+_BASELINE: dict[str, object] = {
+    "rotation": Rotation.OFF,
+    "view_order": ViewOrder.ARRIVAL,
+    "late": LateRule.COMPETE,
+    "sm_split": SmSplit.UNCAPPED,
+    "downstream": DownstreamOrder.FIFO,
+    "preemption": Preemption.NONE,
+}
+_EDF = {**_BASELINE, "view_order": ViewOrder.DEADLINE}
+_PRIORITY = {**_BASELINE, "view_order": ViewOrder.PRIORITY}
+
+# HorizonServe is the configured control as it is; each ablation overrides one axis.
+PRESETS: dict[PolicyName, Preset] = {
+    PolicyName.HORIZON: Preset({}),
+    PolicyName.FCFS: Preset(_BASELINE, baseline=True),
+    PolicyName.EDF: Preset(_EDF, baseline=True),
+    PolicyName.PRIORITY: Preset(_PRIORITY, baseline=True),
+    PolicyName.MPS: Preset(_BASELINE, mps=True, baseline=True),
+    PolicyName.EDF_MPS: Preset(_EDF, mps=True, baseline=True),
+    PolicyName.PRIORITY_MPS: Preset(_PRIORITY, mps=True, baseline=True),
+    PolicyName.NO_ROTATION: Preset({"rotation": Rotation.OFF}),
+    PolicyName.NO_THROTTLING: Preset({"sm_split": SmSplit.UNCAPPED}, mps=True),
+    PolicyName.NO_DOWNSTREAM: Preset({"downstream": DownstreamOrder.FIFO}),
+    PolicyName.NO_PREEMPTION: Preset({"preemption": Preemption.NONE}),
+}
+
+
+def policy_name(name: PolicyName | str) -> PolicyName:
+    """`name` as a PolicyName; ValueError listing the choices."""
+    try:
+        return PolicyName(name)
+    except ValueError:
+        choices = ", ".join(p.value for p in PolicyName)
+        raise ValueError(f"policy: unknown policy {name!r}; choose one of {choices}") from None
+
+
+def preset_control(name: PolicyName | str, control: ControlParams) -> ControlParams:
+    """The control a named policy runs: `control` under the preset's axes."""
+    return PRESETS[policy_name(name)].apply(control)
 
 
 class ServingConfig(_Model):
@@ -448,10 +641,20 @@ class ServingConfig(_Model):
 
     model: str = Field(min_length=1)
     pipeline: str = Field(min_length=1, description="qwen2_5_omni, mimo_audio or bagel.")
-    policy: PolicyName = PolicyName.HORIZON
+    policy: PolicyName = Field(
+        PolicyName.HORIZON, description="Named policy: its axes override those of control."
+    )
     slo: SloTable
     ladder: SmLadder
     control: ControlParams = Field(default_factory=ControlParams)
+    verdicts: SharingVerdicts = Field(
+        default_factory=SharingVerdicts,
+        description="Calibration's verdicts on which SM configurations pay.",
+    )
+
+    def resolved(self) -> ControlParams:
+        """The control this config runs: `control` under the policy's preset."""
+        return preset_control(self.policy, self.control)
 
 
 class DownstreamKind(StrEnum):

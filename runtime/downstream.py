@@ -40,25 +40,15 @@ its audio, so yielding while requests queue for places would turn the stage's th
 waiting.
 `realtime_streams` is how many streams a stage can keep at real time; admission stops there.
 
-Saturation (`reported_slack`, `start_slack`). What a stage tells the shared stage's slack split
+Saturation (`reported_slack`). What a stage tells the shared stage's slack split
 is its most urgent pending first output's slack ratio. While every place is taken and requests
 that can still meet their deadlines wait for one, that ratio flatters them: a waiting request
 starts only when a place frees (a stream or a job ends), so the stage's step time, not the
 request's own work, decides whether it starts in time. Under
-`ControlParams.saturated_downstream_first` such a stage is the pipeline's bottleneck and reports
+`ControlParams.downstream_urgency` 'saturated' such a stage is the pipeline's bottleneck and reports
 `SATURATED` (−inf): below every finite slack, so the split gives it the configuration
 calibration chose for an urgent downstream side, level with the shared side's own −inf (a
 short-path or protected prompt waiting), which keeps its SMs.
-Under `ControlParams.place_wait_slack` a stage that projects its places (place admission: each
-place's free time at the stage's present pace, each request's work; the reference engine's
-talker and the simulator's streaming stages, not the DiT's batch choice or the vLLM-Omni plugin,
-which keep SATURATED) reports `start_slack` instead: the smallest slack ratio among its waiting
-meetable requests with r̂ = the wait for the place it would take + its first-output time. It is
-below 1 exactly when one of them would start after its `late_at`, and the split weighs it
-against the shared side's most urgent request like any other slack: a full stage whose places
-free in time takes no SMs. It sees only the requests already waiting, not the ones a faster
-stage would serve next, so at sustained saturation it reserves less than SATURATED does (on the
-H200: +2.7 pp at Qwen2.5-Omni 6 req/s, −3.6 pp at 60 % speech); it is off by default.
 """
 
 from __future__ import annotations
@@ -93,43 +83,6 @@ def reported_slack(
     already, and SMs taken for them would cost the shared stage's on-time requests."""
     if saturated_first and places_full and queue_slack is not None and queue_slack >= 1.0:
         return SATURATED
-    return slack
-
-
-def start_slack(
-    now: float, free_at: Sequence[float], requests: Sequence[tuple[float, float, float]]
-) -> float | None:
-    """The smallest slack ratio among `requests` ((deadline, first_output_s, occupancy_s), in
-    deadline order) once each waits for a place: walking them in order, each takes the earliest
-    of the places freeing at `free_at` (≤ now: free) and r̂ = (its start − now) +
-    first_output_s (floored like the profiler's). None when nothing waits. Below 1 iff some
-    request, taken in this order, starts after its `late_at` (deadline − first_output_s);
-    with no places every request waits forever (−inf)."""
-    if not requests:
-        return None
-    if not free_at:
-        return -math.inf
-    places = [t if t > now else now for t in free_at]
-    heapq.heapify(places)
-    best = math.inf
-    for deadline, first_s, occupancy in requests:
-        start = places[0]
-        r = start - now + first_s
-        u = (deadline - now) / (r if r > MIN_REMAINING_S else MIN_REMAINING_S)
-        if u < best:
-            best = u
-        heapq.heapreplace(places, start + occupancy)
-    return best
-
-
-def with_place_wait(slack: Slack, wait_slack: float | None) -> Slack:
-    """A full stage's published slack when it projects its places: the smaller of its pending
-    first outputs' `slack` (None or NaN: none, the engine's own form) and `wait_slack`
-    (`AdmissionQueue.start_slack`; None: no meetable request waits)."""
-    if wait_slack is None:
-        return slack
-    if slack is None or slack != slack or wait_slack < slack:
-        return wait_slack
     return slack
 
 
@@ -233,12 +186,6 @@ class AdmissionQueue(Protocol[T]):
         """Slack ratio of the request `pop` would hand out next (None when empty)."""
         ...
 
-    def start_slack(self, now: float, free_at: Sequence[float], s_per_work: float) -> float | None:
-        """`start_slack` over the first `PLACE_HORIZON` meetable requests in deadline order,
-        on places freeing at `free_at`, a unit of work taking `s_per_work` (None: none waits).
-        A request of unknown work (0) holds its place for no time: it delays none behind it."""
-        ...
-
     def take(self, item: T, late: bool) -> None:
         """Remove an item `order` listed, counting it as handed out (late or not)."""
         ...
@@ -260,14 +207,6 @@ class _Entry(Generic[T]):
         self.seq = seq
         self.work = work
         self.alive = True
-
-
-def _entries_start_slack(
-    now: float, free_at: Sequence[float], s_per_work: float, meet: Iterator[_Entry[T]]
-) -> float | None:
-    """`start_slack` over the first `PLACE_HORIZON` of `meet` (entries in deadline order)."""
-    head = itertools.islice(meet, PLACE_HORIZON)
-    return start_slack(now, free_at, [(e.deadline, e.first_s, e.work * s_per_work) for e in head])
 
 
 def _in_order(heap: list[tuple[float, int, _Entry[T]]]) -> Iterator[_Entry[T]]:
@@ -369,10 +308,6 @@ class SlackQueue(_Handout[T]):
         head = self._head(now)
         return None if head is None else head[0].stamp.slack_ratio(now, head[0].first_s)
 
-    def start_slack(self, now: float, free_at: Sequence[float], s_per_work: float) -> float | None:
-        meet = (e for e in _in_order(self._meet) if now <= e.late_at)
-        return _entries_start_slack(now, free_at, s_per_work, meet)
-
     def order(
         self,
         now: float,
@@ -465,10 +400,6 @@ class FifoQueue(_Handout[T]):
             return None
         e = self._q[0]
         return e.stamp.slack_ratio(now, e.first_s)
-
-    def start_slack(self, now: float, free_at: Sequence[float], s_per_work: float) -> float | None:
-        meet = sorted((e for e in self._q if now <= e.late_at), key=lambda e: e.deadline)
-        return _entries_start_slack(now, free_at, s_per_work, iter(meet))
 
     def remove(self, item: T) -> bool:
         for i, e in enumerate(self._q):

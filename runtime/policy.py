@@ -6,20 +6,22 @@ simulator, the reference GPU pipeline and the vLLM-Omni plugin — tell it when 
 leave the shared stage's waiting queue and call `step` once per shared-stage opportunity. Every
 decision is a function of state and the `now` passed in; no clock is read here.
 
-    policy                 rotation  order           SM split   downstream  preemption
-    horizon                   yes    deadline, late  ladder     slack       yes
-    fcfs                       no    FIFO            whole GPU  FIFO        no
-    edf                        no    deadline        whole GPU  FIFO        no
-    priority                   no    priority        whole GPU  FIFO        on KV pressure (engine)
-    horizon-no-rotation        no    deadline, late  ladder     slack       yes
-    horizon-no-throttling     yes    deadline, late  whole GPU  slack       yes
-    horizon-no-downstream     yes    deadline, late  ladder     FIFO        yes
-    horizon-no-preemption     yes    deadline, late  ladder     slack       no
-"deadline, late": on-time requests in deadline order (`deadline_order`; off: queue order), late
-prefills after them (`late_yield`).
-MPS / EDF-MPS are a GPU-sharing mode of the engine, combined with fcfs / edf. "priority" is
-vLLM's own policy: waiting requests by (priority code, arrival); under KV pressure the engine
-preempts its lowest-priority running request (vLLM's rule, not HorizonServe's).
+What a policy does is its control's axes (`config.ControlParams`) under its named preset
+(`config.PRESETS`):
+
+    policy                 rotation  view order          SM split   downstream  preemption
+    horizon                path      deadline, late last slack      place       shared
+    fcfs / mps             off       arrival             uncapped   fifo        none
+    edf / edf-mps          off       deadline            uncapped   fifo        none
+    priority / -mps        off       priority            uncapped   fifo        none (engine)
+    horizon-no-rotation    off       …                   …          …           …
+    horizon-no-throttling  …         …                   uncapped   …           …
+    horizon-no-downstream  …         …                   …          fifo        …
+    horizon-no-preemption  …         …                   …          …           none
+"…": as the configured control says. The *-mps presets and horizon-no-throttling share the GPU
+under MPS (a mode of the engine). "priority" is vLLM's own policy: waiting requests by
+(priority code, arrival); under KV pressure the engine preempts its lowest-priority running
+request (vLLM's rule, not HorizonServe's).
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from horizonserve.runtime.config import PolicyName, ServingConfig
+from horizonserve.runtime.config import (
+    PRESETS,
+    DownstreamOrder,
+    DownstreamUrgency,
+    PolicyName,
+    Preemption,
+    ServingConfig,
+    SmSplit,
+    policy_name,
+)
 from horizonserve.runtime.downstream import AdmissionQueue, make_queue
 from horizonserve.runtime.preemption import choose_victim
 from horizonserve.runtime.profiler import InputFeatures, RequestProfiler, RequestSignals
@@ -37,35 +48,6 @@ from horizonserve.runtime.spatial import SmDecision, SpatialController, Uncapped
 from horizonserve.runtime.temporal import StepView, TemporalScheduler
 
 T = TypeVar("T")
-
-
-@dataclass(slots=True, frozen=True)
-class PolicyTraits:
-    rotation: bool  # N:M path rotation + slack guard + long-path cap
-    edf: bool  # the view in deadline order
-    by_priority: bool  # the view in (priority code, arrival) order
-    throttling: bool  # the SM ladder (else every stage may use the whole GPU)
-    downstream_control: bool  # slack-ordered downstream admission and playback yielding
-    preemption: bool  # a protected short-path request may preempt a long-path decode
-    late_yield: bool  # late prefills follow the on-time ones in the view (HorizonServe's rule)
-    deadline_order: bool  # on-time requests in deadline order in the view (HorizonServe's rule)
-
-
-_TRAITS: dict[PolicyName, PolicyTraits] = {
-    PolicyName.HORIZON: PolicyTraits(True, False, False, True, True, True, True, True),
-    PolicyName.FCFS: PolicyTraits(False, False, False, False, False, False, False, False),
-    PolicyName.EDF: PolicyTraits(False, True, False, False, False, False, False, False),
-    PolicyName.PRIORITY: PolicyTraits(False, False, True, False, False, False, False, False),
-    PolicyName.NO_ROTATION: PolicyTraits(False, False, False, True, True, True, True, True),
-    PolicyName.NO_THROTTLING: PolicyTraits(True, False, False, False, True, True, True, True),
-    PolicyName.NO_DOWNSTREAM: PolicyTraits(True, False, False, True, False, True, True, True),
-    PolicyName.NO_PREEMPTION: PolicyTraits(True, False, False, True, True, False, True, True),
-}
-
-
-def traits_of(name: PolicyName | str) -> PolicyTraits:
-    """What a policy does (engines read it to pick a GPU-sharing mode)."""
-    return _TRAITS[PolicyName(name)]
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,10 +68,12 @@ class SchedulingPolicy:
     __slots__ = (
         "_backlog_at",
         "_hold_s",
+        "control",
         "downstream_control",
+        "horizon",
+        "mps",
         "name",
         "place_admission",
-        "place_wait",
         "playback_margin_s",
         "preemption",
         "profiler",
@@ -98,40 +82,32 @@ class SchedulingPolicy:
         "slack_split",
         "spatial",
         "temporal",
-        "traits",
     )
 
     def __init__(self, name: PolicyName, config: ServingConfig) -> None:
-        t = _TRAITS[name]
-        control = config.control
+        preset = PRESETS[name]
+        control = preset.apply(config.control)
         self.name = name
-        self.traits = t
+        self.control = control  # the resolved axes this policy runs
+        self.mps = preset.mps  # its stages share the GPU under MPS where left uncapped
+        self.horizon = not preset.baseline  # HorizonServe or one of its ablations
         self.profiler = RequestProfiler(config.slo, control.u_guard)
-        self.temporal = TemporalScheduler(
-            control,
-            rotation=t.rotation,
-            edf=t.edf,
-            by_priority=t.by_priority,
-            late_yield=t.late_yield and control.late_yield,
-            deadline_order=t.deadline_order and control.deadline_order,
-        )
-        spatial_cls = SpatialController if t.throttling else UncappedSpatial
-        self.spatial: SpatialController | UncappedSpatial = spatial_cls(config.ladder, control)
-        self.downstream_control = t.downstream_control and control.downstream_admission
-        self.preemption = t.preemption and control.shared_preemption
-        self.reject_late = self.downstream_control and control.reject_late
+        self.temporal = TemporalScheduler(control)
+        self.slack_split = control.sm_split is SmSplit.SLACK
+        if control.sm_split is SmSplit.UNCAPPED:
+            self.spatial: SpatialController | UncappedSpatial = UncappedSpatial(
+                config.ladder, control
+            )
+        else:
+            self.spatial = SpatialController(config.ladder, control, config.verdicts)
+        self.downstream_control = control.downstream is not DownstreamOrder.FIFO
+        self.preemption = control.preemption is Preemption.SHARED
+        self.reject_late = control.reject_late
         # Place-aware admission order at streaming downstream stages (runtime.downstream).
-        self.place_admission = self.downstream_control and control.place_admission
-        # The engines compute the slack inputs of `step` only when the split reads them.
-        self.slack_split = t.throttling and control.slack_split
+        self.place_admission = control.downstream is DownstreamOrder.PLACE
         # Downstream stages report SATURATED while their places are full and requests wait
         # (runtime.downstream.reported_slack); only the split reads it.
-        self.saturated_first = (
-            self.downstream_control and self.slack_split and control.saturated_downstream_first
-        )
-        # A full stage that projects its places reports the wait for one instead
-        # (runtime.downstream.start_slack); needs the places' projection.
-        self.place_wait = self.saturated_first and self.place_admission and control.place_wait_slack
+        self.saturated_first = control.downstream_urgency is DownstreamUrgency.SATURATED
         self._hold_s = control.shared_hold_s
         self._backlog_at = -math.inf  # when the running set was last full with requests waiting
         # Playback yielding is part of downstream control; None: streams never yield.
@@ -275,9 +251,4 @@ class SchedulingPolicy:
 
 
 def make_policy(name: PolicyName | str, config: ServingConfig) -> SchedulingPolicy:
-    try:
-        policy = PolicyName(name)
-    except ValueError:
-        choices = ", ".join(p.value for p in PolicyName)
-        raise ValueError(f"policy: unknown policy {name!r}; choose one of {choices}") from None
-    return SchedulingPolicy(policy, config)
+    return SchedulingPolicy(policy_name(name), config)

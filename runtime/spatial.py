@@ -13,18 +13,18 @@ compute-bound, so an iteration whose prefill carries an urgent prompt (see
 decode keeps the cap; the downstream headroom published for the step does not change.
 
 Backlog lift: the cap assumes the shared stage has time to spare. When its running set is full
-and requests wait for a place (`backlog`), it is the bottleneck instead, and capped decode
+and requests wait for a place (`backlog`; `boost` 'backlog', where calibration's
+`backlog_lift_pays`), it is the bottleneck instead, and capped decode
 (58 % slower at 64 SMs with a batch of ~30 on the H200) only lengthens the queue; the step then
 runs at S_aggr (level LIFTED) until the backlog clears. The published downstream headroom is 0,
 and a downstream stage keeps its guaranteed S_tot − S_cap.
 
-Slack split (`slack_split`, beyond Eq. 1): while co-running, the split follows both sides'
+Slack split (`sm_split` 'slack', beyond Eq. 1): while co-running, the split follows both sides'
 most urgent runnable request. The engines pass each side's smallest slack ratio u (None: no
 first response pending on that side; −inf on the shared side: a short-path prompt or a
 protected request waits, `SchedulingPolicy._shared_slack`; −inf on the downstream side: a
-stage's places are all taken while requests wait, `runtime.downstream.reported_slack`, or under
-`place_wait_slack` those requests' slack with their wait for a place counted; the shared side
-keeps its SMs when both are −inf).
+stage's places are all taken while requests wait, `runtime.downstream.reported_slack`; the
+shared side keeps its SMs when both are −inf).
 When the downstream side's u is the smaller, the shared stage drops to the reservation
 (level RESERVED: `SmLadder.s_reserve`, S_min unless calibration chose fewer) and the downstream
 gets the rest; otherwise the shared stage takes Eq. (1)'s level, which stays the bound. While
@@ -34,12 +34,12 @@ downstream side does not take its SMs. An idle side gets nothing reserved: no do
 → S_aggr; the engines give a downstream stage the whole GPU while the shared stage has nothing
 to run.
 
-Calibration decides, per pipeline, which configuration serves each side best (each the same
-kind of measurement as the backlog lift): `throttling_pays` False (uncapped co-running under
-MPS costs the shared stage no more than the cap) makes the shared side's level OPEN, the whole
-GPU under MPS beside the downstream, instead of Eq. (1)'s; `reservation_pays` False (the
-downstream co-runner steps faster as an uncapped MPS client than on S_tot − S_min) makes the
-urgent downstream side's configuration OPEN instead of S_min.
+Calibration decides, per pipeline, which configuration serves each side best (each the same kind
+of measurement as the backlog lift; `config.SharingVerdicts`): `throttling_pays` False (uncapped
+co-running under MPS costs the shared stage no more than the cap) makes the shared side's level
+OPEN, the whole GPU under MPS beside the downstream, instead of Eq. (1)'s; `reservation_pays`
+False (the downstream co-runner steps faster as an uncapped MPS client than on S_tot − S_min)
+makes the urgent downstream side's configuration OPEN instead of S_min.
 
 Unknown pressure (NVML missing or failing): ρ = `unknown_pressure` (default 1.0, i.e. S_cap),
 the setting that protects short-path requests most while still bounding the shared stage.
@@ -51,7 +51,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from enum import IntEnum
 
-from horizonserve.runtime.config import ControlParams, SmLadder
+from horizonserve.runtime.config import ControlParams, SharingVerdicts, SmLadder, SmSplit
 
 
 class Level(IntEnum):
@@ -132,19 +132,25 @@ class SpatialController:
         "ewma",
     )
 
-    def __init__(self, ladder: SmLadder, control: ControlParams) -> None:
+    def __init__(
+        self,
+        ladder: SmLadder,
+        control: ControlParams,
+        verdicts: SharingVerdicts | None = None,
+    ) -> None:
+        verdicts = verdicts or SharingVerdicts()
         self._ladder = ladder
         self._control = control
         self._levels = list(ladder.levels)
         self._span = ladder.s_cap - ladder.s_min
         self._hyst = control.hysteresis_steps
-        self._boost = control.urgent_prefill_boost
-        self._lift = control.backlog_lift
+        self._boost = control.boost.prefill
+        self._lift = control.boost.backlog and verdicts.backlog_lift_pays
         self.ewma = PressureEwma(control.ewma_gamma)
         self._prev: SmDecision | None = None
-        self._slack_split = control.slack_split
-        self._open = not control.throttling_pays
-        self._reserve = control.reservation_pays
+        self._slack_split = control.sm_split is SmSplit.SLACK
+        self._open = not verdicts.throttling_pays
+        self._reserve = verdicts.reservation_pays
 
     @property
     def ladder(self) -> SmLadder:

@@ -9,23 +9,23 @@ window of N_max + M consecutive steps holds at least M long-path phases.
 Visibility rules for one step (hidden requests stay in the queue, untouched):
   * decode continuations (prefill done, e.g. preempted) and protected requests: always visible
     (a waiting prefill is protected from `protect_at` until its deadline; once late it has
-    missed its SLO and is ordinary again, unless `protect_past_deadline`);
+    missed its SLO and is ordinary again, unless `late` is 'protect');
   * ordinary short-path prefills: visible in short-path phases;
   * ordinary long-path prefills: visible in long-path phases, at most `long_path_cap` of them,
     earliest deadline first.
 A phase whose path has no ordinary prefill waiting yields to the other path (work conserving).
 
-Late prefills yield (`late_yield`, HorizonServe's policies): a waiting prefill past its deadline
-has missed its SLO, so the view puts every visible late one after the on-time ones, and the
-long-path cap goes to on-time prefills first; with `late_phase_yield` a short-path phase whose
-ordinary prefills are all late yields to on-time long-path ones. Late requests still fill
+Late prefills yield (`late` 'yield' or 'yield-phase', HorizonServe's): a waiting prefill past
+its deadline has missed its SLO, so the view puts every visible late one after the on-time ones,
+and the long-path cap goes to on-time prefills first; with 'yield-phase' a short-path phase
+whose ordinary prefills are all late yields to on-time long-path ones. Late requests still fill
 whatever the on-time ones leave, so nothing is dropped; but under overload the stage stops
 spending itself on requests that are already lost, which otherwise makes every request behind
 them late too.
 
-Deadline order (`deadline_order`, HorizonServe's policies): the view shows its on-time requests
+Deadline order (`view_order` 'deadline', HorizonServe's): the view shows its on-time requests
 in deadline order instead of entry order (late ones after them, in entry order, with
-`late_yield`), and a long-path phase keeps the on-time short-path prefills visible, ordered with
+late yielding), and a long-path phase keeps the on-time short-path prefills visible, ordered with
 the capped long-path ones. The rotation then decides when long-path prefills may enter (and
 how many), not that a tight-SLO prompt waits behind a loose one: in entry order a loose-SLO
 prompt that came first (a summary, a protected speech prompt, the capped long-path prefills of
@@ -56,7 +56,7 @@ from enum import StrEnum
 from operator import attrgetter, itemgetter
 from typing import Generic, TypeVar
 
-from horizonserve.runtime.config import ControlParams
+from horizonserve.runtime.config import ControlParams, LateRule, Rotation, ViewOrder
 from horizonserve.runtime.profiler import RequestSignals
 
 T = TypeVar("T")
@@ -339,7 +339,6 @@ class TemporalScheduler:
         "_control",
         "_cycle_pos",
         "_dl",
-        "_edf",
         "_entry",
         "_expiry",
         "_heap",
@@ -360,34 +359,19 @@ class TemporalScheduler:
         "_tickets",
     )
 
-    def __init__(
-        self,
-        control: ControlParams,
-        *,
-        rotation: bool = True,
-        edf: bool = False,
-        by_priority: bool = False,
-        late_yield: bool = False,
-        deadline_order: bool = False,
-    ) -> None:
-        if by_priority and (edf or rotation):
-            raise ValueError("priority order is a plain queue order: no rotation, no EDF")
-        if late_yield and (edf or by_priority):
-            raise ValueError("late_yield reorders a FIFO view: not with EDF or priority order")
-        if deadline_order and (edf or by_priority):
-            raise ValueError("deadline_order is HorizonServe's order: not with EDF or priority")
+    def __init__(self, control: ControlParams) -> None:
+        # Axes (ControlParams refuses priority order with rotation or late yielding).
         self._control = control
-        self._rotation = rotation
-        self._edf = edf
-        self._dl = deadline_order
-        self._by_priority = by_priority
+        self._rotation = control.rotation is Rotation.PATH
+        self._dl = control.view_order is ViewOrder.DEADLINE
+        self._by_priority = control.view_order is ViewOrder.PRIORITY
         self._cap = control.long_path_cap
         self._n = control.rotation_n_min
         self._cycle_pos = 0
         self._step = 0
-        self._keep_late = control.protect_past_deadline
-        self._late_last = late_yield and not self._keep_late
-        self._phase_yield = self._late_last and control.late_phase_yield
+        self._keep_late = control.late is LateRule.PROTECT
+        self._late_last = control.late in (LateRule.YIELD, LateRule.YIELD_PHASE)
+        self._phase_yield = control.late is LateRule.YIELD_PHASE
         # (protect_at, seq, sig) of waiting ordinary prefills; stale entries skipped lazily.
         self._heap: list[tuple[float, int, RequestSignals]] = []
         # (deadline, seq, sig) of waiting protected prefills, for expiry; stale entries skipped.
@@ -401,11 +385,11 @@ class TemporalScheduler:
         self._entry: dict[RequestSignals, int] = {}
         self._tickets = itertools.count()
         # Waiting requests visible in every phase (continuations, protected), by entry.
-        self._shown = _Members(deadline_order)
+        self._shown = _Members(self._dl)
         self._short_waiting = 0  # short-path prefills waiting
         self._short_protected = 0  # … of which protected
         # … the unprotected ones, on time and late, each as (tickets, sigs) in entry order.
-        self._short_on = _Members(deadline_order)
+        self._short_on = _Members(self._dl)
         self._short_late: _EntryList[int] = _EntryList()
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
@@ -540,7 +524,7 @@ class TemporalScheduler:
             total = cont + self._short_waiting + self._long_waiting
             n_late = len(self._short_late) + len(late) if late_last else 0
             return StepView(
-                step, Phase.ALL, 0, None, True, total, self._edf or self._dl, self._by_priority,
+                step, Phase.ALL, 0, None, True, total, self._dl, self._by_priority,
                 late_long_visible=True, late=n_late,
             )  # fmt: skip
         control = self._control
@@ -604,7 +588,7 @@ class TemporalScheduler:
     def _long_members(self, long_visible: bool, gate: bool) -> Iterable[RequestSignals] | None:
         """A long-path phase's visible set in entry order: the shown requests (in entry order)
         with the capped ordinary long-path prefills merged in (late ones after every on-time
-        one, with `late_yield`); in deadline order, `_long_members_by_deadline`. gate: None
+        one, with late yielding); in deadline order, `_long_members_by_deadline`. gate: None
         where walking the queue is cheaper (see MEMBERS_LONG_MAX). `long_visible`: the view
         shows ordinary long-path prefills."""
         on_time, late = self._long_ordinary, self._long_late
@@ -636,7 +620,7 @@ class TemporalScheduler:
 
     def _long_members_by_deadline(self, long_visible: bool) -> Iterator[RequestSignals]:
         """`_long_members` in deadline order: the shown requests, the on-time short-path
-        prefills and the capped on-time long-path prefills by deadline; with `late_yield` the
+        prefills and the capped on-time long-path prefills by deadline; with late yielding the
         capped late ones follow in entry order. Without it the cap takes the earliest deadlines
         over both lists (late first), all in one deadline order. Lazy (`_by_deadline`)."""
         on_time, late, cap = self._long_ordinary, self._long_late, self._cap
@@ -676,8 +660,8 @@ class TemporalScheduler:
         snapshots (C-level copies; the late ones' taken when the walk reaches them), so the
         caller may dequeue what it takes while it iterates; the merge is lazy, so a caller
         that stops after k requests pays O(k) above the copies. In deadline order
-        (`deadline_order`) the shown and on-time ones merge by deadline (`_by_deadline`);
-        without `late_yield` the late ones join that merge."""
+        (`view_order` 'deadline') the shown and on-time ones merge by deadline (`_by_deadline`);
+        without late yielding the late ones join that merge."""
         if self._dl:
             if self._late_last:
                 yield from self._by_deadline()
@@ -744,7 +728,7 @@ class TemporalScheduler:
             shown = self._shown.sigs
             waits = [s.can_wait_s(now) for s in shown if not s.long_path and not s.prefilled]
             return next_free_s - max(0.0, min(waits, default=0.0))
-        # The earliest-entered unprotected one; with `late_yield` the earliest on-time one (a
+        # The earliest-entered unprotected one; with late yielding the earliest on-time one (a
         # late head follows the on-time ones, so they are the next to be served).
         on, late = self._short_on, self._short_late
         head = on.first()

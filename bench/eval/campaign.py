@@ -82,7 +82,7 @@ def control_knobs(pairs: list[str] | None) -> dict[str, str]:
     """`--control KEY=VALUE` pairs as a mapping (values still text)."""
     bad = [kv for kv in pairs or () if "=" not in kv]
     if bad:
-        raise SystemExit(f"--control {bad[0]!r}: give KEY=VALUE, e.g. reservation_pays=true")
+        raise SystemExit(f"--control {bad[0]!r}: give KEY=VALUE, e.g. sm_split=ladder")
     return dict(kv.split("=", 1) for kv in pairs or ())
 
 
@@ -94,6 +94,22 @@ def with_control(control: Any, pairs: list[str] | None) -> Any:
 
     try:
         return control_with(control, control_knobs(pairs))
+    except ValueError as exc:
+        raise SystemExit(f"--control: {exc}") from None
+
+
+def with_verdicts(verdicts: Any, pairs: list[str] | None) -> tuple[Any, list[str]]:
+    """`verdicts` (SharingVerdicts) with the `KEY=VALUE` pairs that name one applied, and the
+    other pairs (control overrides): an experiment on a calibrated decision."""
+    from horizonserve.runtime.config import SharingVerdicts
+
+    knobs = control_knobs(pairs)
+    mine = {k: v for k, v in knobs.items() if k in SharingVerdicts.model_fields}
+    rest = [f"{k}={v}" for k, v in knobs.items() if k not in mine]
+    if not mine:
+        return verdicts, rest
+    try:
+        return SharingVerdicts.model_validate({**verdicts.model_dump(), **mine}), rest
     except ValueError as exc:
         raise SystemExit(f"--control: {exc}") from None
 
@@ -119,6 +135,7 @@ def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any,
         slo=slo,
         ladder=cal.ladder,
         control=cal.control(),
+        verdicts=cal.verdicts(),
     )
     data = Path(artifact_path).read_bytes()
     meta = {
@@ -191,7 +208,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     config, art_meta = serving_config(args.pipeline, args.artifact, args.preset)
     if args.control:  # an experiment on a calibrated decision, recorded in the plan
-        config = config.model_copy(update={"control": with_control(config.control, args.control)})
+        verdicts, rest = with_verdicts(config.verdicts, args.control)
+        control = with_control(config.control, rest)
+        config = config.model_copy(update={"control": control, "verdicts": verdicts})
     workload = load_workload(args.pipeline)
     long_classes = tuple(c.name for c in config.slo.classes if c.path is PathKind.LONG)
     rows = tiers(args.rates, args.long_ratios, args.stress_rate, args.long_rate, args.stress_long)
@@ -422,11 +441,28 @@ def unrecorded_control(plan: dict[str, Any]) -> dict[str, Any]:
 
     A plan records every knob that existed when it was written; one added since runs at its
     default, which the session's summary keeps beside the plan's digest."""
+    from horizonserve.runtime.calibrate.legacy import is_legacy
     from horizonserve.runtime.config import ControlParams
 
     recorded = plan["serving_config"].get("control", {})
-    defaults = ControlParams().model_dump()
+    if is_legacy(recorded):
+        return {}  # a plan before the policy axes: `plan_config` reads what it recorded
+    defaults = ControlParams().model_dump(mode="json")
     return {k: v for k, v in defaults.items() if k not in recorded}
+
+
+def plan_config(plan: dict[str, Any]) -> Any:
+    """The ServingConfig `plan` recorded; a plan before the policy axes has its boolean knobs
+    read as axes and verdicts (`calibrate.legacy.recorded_control`)."""
+    from horizonserve.runtime.calibrate.legacy import is_legacy, recorded_control
+    from horizonserve.runtime.config import ServingConfig
+
+    data = dict(plan["serving_config"])
+    control = data.get("control", {})
+    if is_legacy(control):
+        ctl, verdicts = recorded_control(control)
+        data["control"], data["verdicts"] = ctl.model_dump(), verdicts.model_dump()
+    return ServingConfig.model_validate(data)
 
 
 def run_control(plan: dict[str, Any]) -> dict[str, Any]:
@@ -486,10 +522,9 @@ class Campaign:
 
     # -- pipeline -------------------------------------------------------------------------------
     def _options(self, item: dict[str, Any]) -> Any:
-        from horizonserve.runtime.config import ServingConfig
         from horizonserve.runtime.engine.reference.pipeline import PipelineOptions
 
-        config = ServingConfig.model_validate(self.plan["serving_config"])
+        config = plan_config(self.plan)
         return PipelineOptions(
             preset=self.plan["preset"],
             # Plans from before profiles existed ran the engine's then-only limits: "tuned".
@@ -816,10 +851,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -- simulate -------------------------------------------------------------------------------------
 def _as_run(plan: dict[str, Any], sha: str, plan_path: str, session: Path) -> Any:
-    """The control knobs (ControlParams) `session`, a folder with summary.json, ran `plan`
-    (sha256 `sha`, at `plan_path`) with."""
+    """The control (ControlParams, SharingVerdicts) `session`, a folder with summary.json, ran
+    `plan` (sha256 `sha`, at `plan_path`) with."""
+    from horizonserve.runtime.calibrate.legacy import recorded_control
     from horizonserve.runtime.calibrate.records import session_control
-    from horizonserve.runtime.config import control_as_recorded
 
     summary = json.loads((session / "summary.json").read_text())
     if summary.get("plan_sha256") != sha:
@@ -827,7 +862,7 @@ def _as_run(plan: dict[str, Any], sha: str, plan_path: str, session: Path) -> An
             f"--as-run: {session} ran another plan (sha256 {summary.get('plan_sha256', '?')[:12]}"
             f"…, not {sha[:12]}…); give a session of {plan_path}"
         )
-    return control_as_recorded(session_control(plan, summary))
+    return recorded_control(session_control(plan, summary))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -838,6 +873,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from horizonserve.runtime.bench.metrics import summarize
     from horizonserve.runtime.calibrate.artifact import load_artifact
     from horizonserve.runtime.calibrate.records import plan_campaign, read_plan
+    from horizonserve.runtime.config import PolicyName
     from horizonserve.runtime.sim.engine import simulate
     from horizonserve.runtime.sim.fit import replay_of
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
@@ -852,9 +888,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if replay.caveat:
         log.warning("simulate: %s", replay.caveat)
     if args.as_run:  # the controller a session of this plan ran (its summary says which)
-        setup = replace(setup, control=_as_run(plan, sha, args.plan, Path(args.as_run)))
-    if args.control:  # a what-if: control knobs overridden, e.g. backlog_lift=false
-        setup = replace(setup, control=with_control(setup.control, args.control))
+        ctl, verdicts = _as_run(plan, sha, args.plan, Path(args.as_run))
+        setup = replace(setup, control=ctl, verdicts=verdicts)
+    if args.control:  # a what-if: control or verdicts overridden, e.g. backlog_lift_pays=false
+        verdicts, rest = with_verdicts(
+            setup.serving_config(PolicyName.HORIZON).verdicts, args.control
+        )
+        setup = replace(setup, control=with_control(setup.control, rest), verdicts=verdicts)
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}
@@ -864,7 +904,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      "sha256": hashlib.sha256(Path(art_path).read_bytes()).hexdigest()},
         "caveat": replay.caveat,
         "slo": setup.targets(),
-        "control": setup.control.model_dump(),
+        "control": setup.control.model_dump(mode="json"),
+        "verdicts": setup.serving_config(PolicyName.HORIZON).verdicts.model_dump(),
         "seeds": args.seeds,
         "points": {},
     }  # fmt: skip
@@ -983,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="KEY=VALUE",
         help="override a calibrated control decision in the plan's serving config (an "
-        "experiment on it, e.g. reservation_pays=true); the plan records it",
+        "experiment on it, e.g. reservation_pays=false or sm_split=ladder); the plan records it",
     )
     r = sub.add_parser("run", help="run pending items on the engine (the GPU)")
     r.add_argument("--plan", required=True)

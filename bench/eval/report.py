@@ -28,13 +28,13 @@ from capacity import mean_or_none
 from figures import save_png
 from reuse import read_members
 
+from horizonserve.runtime.calibrate.legacy import recorded_control
 from horizonserve.runtime.calibrate.records import (
     REPEAT_SUFFIX,
     plan_campaign,
     read_plan,
     session_control,
 )
-from horizonserve.runtime.config import control_as_recorded
 
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 COLORS = {
@@ -67,7 +67,8 @@ def _controller(plan: dict[str, Any] | None, summary: dict[str, Any]) -> dict[st
     the session records none and its plan is not here."""
     if "control" not in summary and plan is None:
         return None
-    return control_as_recorded(session_control(plan or {}, summary)).model_dump()
+    control, verdicts = recorded_control(session_control(plan or {}, summary))
+    return {**control.model_dump(mode="json"), **verdicts.model_dump()}
 
 
 def _next_rep(items: dict[str, Any], meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:

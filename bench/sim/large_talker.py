@@ -80,10 +80,10 @@ def main() -> None:
         f"{mix}"
     )
     for k in args.scales:
-        ctl = _setup(k)[0].control
+        ctl = _setup(k)[0].cal.verdicts()
         print(
             f"\ntalker x{k:g}: throttling_pays {ctl.throttling_pays}, reservation_pays "
-            f"{ctl.reservation_pays}, backlog_lift {ctl.backlog_lift}"
+            f"{ctl.reservation_pays}, backlog_lift {ctl.backlog_lift_pays}"
         )
     jobs = [
         (k, r, s, seed, args.duration, args.long_ratio)

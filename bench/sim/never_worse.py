@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.config import ControlParams, SharingVerdicts
 from horizonserve.runtime.sim.setup import SimSetup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,15 +35,15 @@ RATES = {
 # mechanism -> (system, control knobs) of its "off" variant
 OFF: dict[str, tuple[str, dict[str, Any]]] = {
     "reservation": ("horizon", {"reservation_pays": False}),
-    "slack split": ("horizon", {"slack_split": False}),
+    "slack split": ("horizon", {"sm_split": "ladder", "downstream_urgency": "slack"}),
     "downstream control": ("horizon-no-downstream", {}),
     "preemption": ("horizon-no-preemption", {}),
     "path rotation": ("horizon-no-rotation", {}),
-    "late yield": ("horizon", {"late_yield": False}),
-    "late phase yield": ("horizon", {"late_phase_yield": False}),
-    "place admission": ("horizon", {"place_admission": False}),
-    "deadline order": ("horizon", {"deadline_order": False}),
-    "saturated first": ("horizon", {"saturated_downstream_first": False}),
+    "late yield": ("horizon", {"late": "compete"}),
+    "late phase yield": ("horizon", {"late": "yield"}),
+    "place admission": ("horizon", {"downstream": "deadline"}),
+    "deadline order": ("horizon", {"view_order": "arrival"}),
+    "saturated first": ("horizon", {"downstream_urgency": "slack"}),
 }
 # mechanism off by default -> the control knobs that switch it on (its row: with it − shipped)
 OPT_IN: dict[str, dict[str, Any]] = {"reject late": {"reject_late": True}}
@@ -62,7 +63,13 @@ def _one(job: tuple[str, str, float, int, float]) -> tuple[str, str, float, int,
     if variant in OFF:
         system, knobs = OFF[variant]
     if knobs:
-        setup = replace(setup, control=setup.control.model_copy(update=knobs))
+        verdicts = {k: v for k, v in knobs.items() if k in SharingVerdicts.model_fields}
+        control = {k: v for k, v in knobs.items() if k not in verdicts}
+        setup = replace(
+            setup,
+            control=ControlParams.model_validate({**setup.control.model_dump(), **control}),
+            verdicts=setup.cal.verdicts().model_copy(update=verdicts),
+        )
     att = point(setup, wl, system, rate, seed, duration)["attainment"]
     return pipeline, variant, rate, seed, att
 
@@ -96,7 +103,7 @@ def main() -> None:
             att[(p, v, r, s)] = a
     failures = []
     for p in pipes:
-        ctl = _setup(p)[0].control
+        ctl = _setup(p)[0].cal.verdicts()
         print(f"\n## {p} (throttling_pays {ctl.throttling_pays}, reservation_pays "
               f"{ctl.reservation_pays})\n")  # fmt: skip
         print("| mechanism | " + " | ".join(f"{r:g} req/s" for r in RATES[p]) + " | verdict |")

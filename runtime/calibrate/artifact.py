@@ -19,7 +19,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from horizonserve.runtime.config import ControlParams, SmLadder
+from horizonserve.runtime.config import ControlParams, SharingVerdicts, SmLadder
 
 SCHEMA_VERSION = 1
 # The reservation may slow the shared stage's co-running decode to at most this multiple of
@@ -371,13 +371,16 @@ class PipelineCalibration(_Model):
         )
 
     def control(self) -> ControlParams:
-        """The control knobs this calibration decides: B_sat and which SM configurations pay
-        (backlog lift, throttling, the downstream reservation)."""
-        return ControlParams(
-            b_sat=self.b_sat,
-            backlog_lift=self.backlog_lift_pays(),
+        """The control parameters this calibration decides: B_sat."""
+        return ControlParams(b_sat=self.b_sat)
+
+    def verdicts(self) -> SharingVerdicts:
+        """Which SM configurations pay here: throttling, the downstream reservation, the
+        backlog lift."""
+        return SharingVerdicts(
             throttling_pays=self.throttling_pays(),
             reservation_pays=self.reservation_pays(),
+            backlog_lift_pays=self.backlog_lift_pays(),
         )
 
 

@@ -66,7 +66,7 @@ def read_plan(path: str | Path) -> tuple[dict[str, Any], str]:
 def session_control(plan: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """The control knobs a session's HorizonServe items ran with: as its summary records them
     (`control`), or, for a session older than that record, its plan's knobs and the defaults it
-    noted for knobs newer than the plan (`control_defaults`; `config.control_as_recorded`
+    noted for knobs newer than the plan (`control_defaults`; `calibrate.legacy.recorded_control`
     fills in what neither names)."""
     if "control" in summary:
         return dict(summary["control"])

@@ -80,7 +80,7 @@ def _common(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
         type=ck.control_pair,
         action="append",
         metavar="KEY=VALUE",
-        help="override a control knob (repeatable), e.g. saturated_downstream_first=false: "
+        help="override a control knob (repeatable), e.g. downstream_urgency=slack: "
         "the controller a campaign ran, or a what-if",
     )
 

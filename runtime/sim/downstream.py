@@ -59,7 +59,6 @@ from horizonserve.runtime.downstream import (
     SlackQueue,
     Stamp,
     reported_slack,
-    with_place_wait,
 )
 from horizonserve.runtime.sim.model import DownstreamCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
@@ -115,7 +114,6 @@ class FluidStage:
         "late",
         "max_batch",
         "paused",
-        "place_wait",
         "places",
         "playing",
         "queue",
@@ -146,7 +144,6 @@ class FluidStage:
         last: bool = False,
         places: bool = False,
         saturated_first: bool = False,
-        place_wait: bool = False,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -165,7 +162,6 @@ class FluidStage:
         # Place-aware admission (runtime.downstream.place_order), at the last step rate seen.
         self.places = places
         self.saturated_first = saturated_first  # report SATURATED when full with waiters
-        self.place_wait = place_wait and places  # full: the waiters' slack with the place wait
         self.s_per_step = 0.0
         self.steps_per_audio_s = cost.cal.work_per_audio_second  # 0: not a streaming stage
         self.playing: list[Job] = []  # jobs in service whose first chunk is out
@@ -383,9 +379,7 @@ class FluidStage:
         """The smallest slack ratio among this stage's requests whose first output is pending:
         the queue's next admission and the head jobs in service (r̂ = the stamp's estimate
         scaled by the share of first-output work left). While every place is taken under
-        `saturated_first`: `SATURATED` while an on-time request waits (`reported_slack`), or
-        under `place_wait` the waiting requests' slack with their wait for a place counted
-        (`with_place_wait`)."""
+        `saturated_first`: `SATURATED` while an on-time request waits (`reported_slack`)."""
         best = queued = self.queue.peek_slack(now)
         if self.awaiting:
             self.advance(now)
@@ -399,10 +393,6 @@ class FluidStage:
                 if best is None or u < best:
                     best = u
         full = self.in_service >= self.admit_limit
-        if self.place_wait and full and self.rate:
-            self.advance(now)
-            free_at = self._free_at(now)
-            return with_place_wait(best, self.queue.start_slack(now, free_at, self.s_per_step))
         return reported_slack(best, full, queued, self.saturated_first)
 
     def submit(self, job: Job, now: float) -> None:

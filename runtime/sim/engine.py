@@ -181,7 +181,6 @@ class Simulator:
             places=self.policy.place_admission and cal.work_per_audio_second > 0,
             last=i == len(self.setup.cal.downstream) - 1,  # batch choice (sim.downstream)
             saturated_first=self.policy.saturated_first,
-            place_wait=self.policy.place_wait,
         )
 
     # -- requests ------------------------------------------------------------------------------

@@ -42,10 +42,11 @@ from horizonserve.runtime.calibrate.artifact import (
     SmCurve,
     load_artifact,
 )
+from horizonserve.runtime.calibrate.legacy import recorded_control
 from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.calibrate.records import Campaign, read_campaign, read_steps
 from horizonserve.runtime.calibrate.store import read_raw_log
-from horizonserve.runtime.config import Path, SloTable, control_as_recorded, load_pipeline
+from horizonserve.runtime.config import Path, SloTable, load_pipeline
 from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.model import SharedCost, Sharing
@@ -523,7 +524,8 @@ class Replay:
         # The controller the campaign ran, not today's defaults.
         item = c.items.get(key) if key is not None else None
         ran = item.control if item is not None and item.control is not None else c.control
-        setup = replace(setup, control=control_as_recorded(ran))
+        control, verdicts = recorded_control(ran)
+        setup = replace(setup, control=control, verdicts=verdicts)
         if self.recorded_classes and c.serving_slo:
             setup = replace(setup, slo=_recorded_slo(setup.slo, c.serving_slo))
         p95 = {k: v / c.multiplier for k, v in c.targets_s.items()}

@@ -16,6 +16,7 @@ from horizonserve.runtime.config import (
     PipelineSpec,
     PolicyName,
     ServingConfig,
+    SharingVerdicts,
     SloTable,
     load_pipeline,
 )
@@ -40,6 +41,8 @@ class SimSetup:
     slo: SloTable  # the SLO table the policies and the metrics use
     control: ControlParams = field(default_factory=ControlParams)
     slo_source: str = "pipeline defaults"
+    # Which SM configurations pay (default: the calibration's, `PipelineCalibration.verdicts`).
+    verdicts: SharingVerdicts | None = None
 
     @classmethod
     def load(
@@ -95,6 +98,7 @@ class SimSetup:
             slo=self.slo,
             ladder=self.cal.ladder,
             control=self.control,
+            verdicts=self.verdicts if self.verdicts is not None else self.cal.verdicts(),
         )
 
     def with_solo_p95(

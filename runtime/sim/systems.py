@@ -1,7 +1,8 @@
 """The serving systems the simulator compares: a policy plus the GPU-sharing mode around it.
 
 MPS is not a scheduling policy but a way the stage processes share the GPU, so "MPS" is vanilla
-FCFS admission under MPS and "EDF-MPS" is EDF under MPS (paper §6.1). Every system drives the
+FCFS admission under MPS and "EDF-MPS" is EDF under MPS (paper §6.1): presets whose `mps` is set
+(`config.PRESETS`). Every system drives the
 control core's own policy object; nothing here re-implements a scheduling rule.
 
 The sharing modes follow the reference engine (`engine.reference.gpu_control.sharing_for`):
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from horizonserve.runtime.config import PolicyName
+from horizonserve.runtime.config import PRESETS, PolicyName
 from horizonserve.runtime.sim.model import Sharing
 
 
@@ -23,7 +24,11 @@ class System:
     name: str
     label: str
     policy: PolicyName
-    mps: bool = False
+
+    @property
+    def mps(self) -> bool:
+        """Its stages share the GPU under MPS where the policy leaves them uncapped."""
+        return PRESETS[self.policy].mps
 
     @property
     def uncapped_sharing(self) -> Sharing:
@@ -31,22 +36,20 @@ class System:
         return Sharing.MPS if self.mps else Sharing.TIMESLICE
 
 
-SYSTEMS: dict[str, System] = {
-    s.name: s
-    for s in (
-        System("horizon", "HorizonServe", PolicyName.HORIZON),
-        System("fcfs", "Vanilla (FCFS)", PolicyName.FCFS),
-        System("edf", "EDF", PolicyName.EDF),
-        System("mps", "MPS", PolicyName.FCFS, mps=True),
-        System("edf-mps", "EDF-MPS", PolicyName.EDF, mps=True),
-        System("horizon-no-rotation", "w/o path rotation", PolicyName.NO_ROTATION),
-        System("priority", "Priority (vLLM)", PolicyName.PRIORITY),
-        System("priority-mps", "Priority-MPS (vLLM)", PolicyName.PRIORITY, mps=True),
-        System("horizon-no-throttling", "w/o SM throttling", PolicyName.NO_THROTTLING, mps=True),
-        System("horizon-no-downstream", "w/o downstream control", PolicyName.NO_DOWNSTREAM),
-        System("horizon-no-preemption", "w/o preemption", PolicyName.NO_PREEMPTION),
-    )
+_LABELS: dict[PolicyName, str] = {
+    PolicyName.HORIZON: "HorizonServe",
+    PolicyName.FCFS: "Vanilla (FCFS)",
+    PolicyName.EDF: "EDF",
+    PolicyName.MPS: "MPS",
+    PolicyName.EDF_MPS: "EDF-MPS",
+    PolicyName.NO_ROTATION: "w/o path rotation",
+    PolicyName.PRIORITY: "Priority (vLLM)",
+    PolicyName.PRIORITY_MPS: "Priority-MPS (vLLM)",
+    PolicyName.NO_THROTTLING: "w/o SM throttling",
+    PolicyName.NO_DOWNSTREAM: "w/o downstream control",
+    PolicyName.NO_PREEMPTION: "w/o preemption",
 }
+SYSTEMS: dict[str, System] = {p.value: System(p.value, label, p) for p, label in _LABELS.items()}
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
 ABLATIONS = (
     "horizon-no-rotation",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.config import ControlParams, control_as_recorded
+from horizonserve.runtime.config import ControlParams, ViewOrder
 from tests.bench.scripts import load_eval_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,12 +30,12 @@ def test_an_override_changes_that_decision_only(tmp_path: Path) -> None:
     base = _plan(tmp_path, "a.json")
     exp = _plan(tmp_path, "b.json", "--control", "reservation_pays=false")
     # The calibration decides for the reservation on this pipeline; the plan overrides it.
-    assert base["serving_config"]["control"]["reservation_pays"] is True
-    assert exp["serving_config"]["control"]["reservation_pays"] is False
+    assert base["serving_config"]["verdicts"]["reservation_pays"] is True
+    assert exp["serving_config"]["verdicts"]["reservation_pays"] is False
     assert exp["control_overrides"] == {"reservation_pays": "false"}
     assert base["control_overrides"] == {}
-    del base["serving_config"]["control"]["reservation_pays"]
-    del exp["serving_config"]["control"]["reservation_pays"]
+    del base["serving_config"]["verdicts"]["reservation_pays"]
+    del exp["serving_config"]["verdicts"]["reservation_pays"]
     for key in ("serving_config", "slo", "points"):
         assert exp[key] == base[key], key
 
@@ -44,7 +44,8 @@ def test_an_override_changes_that_decision_only(tmp_path: Path) -> None:
     ("pair", "says"),
     [
         ("nope=1", "unknown knob(s) ['nope']"),
-        ("reservation_pays=maybe", "reservation_pays: Input should be a valid boolean"),
+        ("sm_split=maybe", "sm_split: Input should be 'uncapped', 'ladder' or 'slack'"),
+        ("late_yield=false", "late_yield: no longer a control parameter; use late"),
         ("reservation_pays", "give KEY=VALUE"),
     ],
 )
@@ -61,11 +62,11 @@ def test_a_knob_newer_than_the_plan_is_named_with_the_value_it_runs(tmp_path: Pa
     campaign = load_eval_script("campaign")
     plan = _plan(tmp_path, "a.json")
     assert campaign.unrecorded_control(plan) == {}
-    del plan["serving_config"]["control"]["deadline_order"]
-    assert campaign.unrecorded_control(plan) == {"deadline_order": True}
+    del plan["serving_config"]["control"]["view_order"]
+    assert campaign.unrecorded_control(plan) == {"view_order": "deadline"}
     # The summary records the whole controller, the newer knob at the value it ran.
     ran = campaign.run_control(plan)
-    assert ran["deadline_order"] is True and set(ran) == set(ControlParams().model_dump())
+    assert ran["view_order"] == "deadline" and set(ran) == set(ControlParams().model_dump())
 
 
 def test_a_plan_written_gzipped_reads_back_the_same(tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
     plan is refused by name."""
     campaign = load_eval_script("campaign")
     plan = _plan(tmp_path, "a.json")
-    del plan["serving_config"]["control"]["deadline_order"]
+    del plan["serving_config"]["control"]["view_order"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(plan))
     session = tmp_path / "s00"
@@ -96,8 +97,7 @@ def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     summary = {"plan_sha256": sha, "control_defaults": campaign.unrecorded_control(plan)}
     (session / "summary.json").write_text(json.dumps(summary))
-    assert campaign._as_run(plan, sha, str(path), session).deadline_order is True
-    assert control_as_recorded(plan["serving_config"]["control"]).deadline_order is False
+    assert campaign._as_run(plan, sha, str(path), session)[0].view_order is ViewOrder.DEADLINE
     summary["plan_sha256"] = "0" * 64
     (session / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match=r"--as-run: .* ran another plan"):

@@ -170,7 +170,7 @@ def test_a_knob_one_record_does_not_name_compares_at_its_value_before_the_knob(
 
     same = second(tmp_path / "same", {"deadline_order": True, "place_wait_slack": False})
     assert sorted(same["items"]) == ["r1/horizon/rep1", "r1/horizon/rep2"]
-    other = second(tmp_path / "other", {"deadline_order": True, "place_wait_slack": True})
+    other = second(tmp_path / "other", {"deadline_order": True, "shared_hold_s": 1.0})
     assert other["foreign"] == ["r1/horizon/rep2 (s01)"]
 
 

@@ -60,7 +60,7 @@ def assert_refused(argv: list[str], option: str, capsys: pytest.CaptureFixture[s
         (["sim", "plan", "--jobs", "0"], "--jobs", ">= 1"),
         (["sim", "plan", "--systems", "horizon,nope"], "--systems", "unknown system nope"),
         (["sim", "plan", "--control", "nope=1"], "--control", "not a control knob"),
-        (["sim", "run", "--control", "saturated_downstream_first"], "--control", "KEY=VALUE"),
+        (["sim", "run", "--control", "downstream_urgency"], "--control", "KEY=VALUE"),
         (["bench", "--duration", "0"], "--duration", "> 0"),
         (["bench", "--slo-multiplier", "0"], "--slo-multiplier", "> 0"),
         (["bench", "--rates", "2,0"], "--rates", "> 0"),

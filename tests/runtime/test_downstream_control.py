@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horizonserve.runtime.config import ControlParams, SmLadder
+from horizonserve.runtime.config import ControlParams, SharingVerdicts, SmLadder
 from horizonserve.runtime.downstream import (
     FifoQueue,
     PlaybackClock,
@@ -239,10 +239,8 @@ _LADDER = SmLadder(levels=[32, 48, 64, 80], aggressive=132, total=132, reserve=1
 def test_split_moves_toward_the_lower_slack_side_and_sums_to_the_gpu(
     steps, throttling_pays, reservation_pays
 ) -> None:
-    control = ControlParams(
-        throttling_pays=throttling_pays, reservation_pays=reservation_pays, backlog_lift=False
-    )
-    ctl = SpatialController(_LADDER, control)
+    verdicts = SharingVerdicts(throttling_pays=throttling_pays, reservation_pays=reservation_pays)
+    ctl = SpatialController(_LADDER, ControlParams(boost="prefill"), verdicts)
     for active, u_shared, u_down, sample in steps:
         ctl.observe(sample)
         d = ctl.select(active, False, u_shared, u_down)
@@ -265,7 +263,7 @@ def test_split_moves_toward_the_lower_slack_side_and_sums_to_the_gpu(
 
 def test_split_off_is_eq1_whatever_the_slack() -> None:
     on = SpatialController(_LADDER, ControlParams())
-    off = SpatialController(_LADDER, ControlParams(slack_split=False))
+    off = SpatialController(_LADDER, ControlParams(sm_split="ladder", downstream_urgency="slack"))
     for ctl in (on, off):
         ctl.observe(0.93)  # B̂ at saturation: Eq. (1) says S_cap
     assert on.select(True, False, 5.0, 1.0).shared == 16  # the reservation

@@ -109,14 +109,14 @@ def test_fifo_queue_lists_arrival_order_and_counts_late_takes() -> None:
 
 
 def test_the_knob_reaches_the_stages_only_with_downstream_control() -> None:
-    on = make_config(place_admission=True)
+    on = make_config(downstream="place")
     assert make_policy("horizon", on).place_admission
     assert downstream_rules(on).places
     assert not make_policy("edf", on).place_admission  # a baseline keeps its own order
-    off = make_config(place_admission=True, downstream_admission=False)
+    off = make_config(downstream="fifo", downstream_urgency="slack")
     assert not make_policy("horizon", off).place_admission
     assert downstream_rules(make_config()).places  # on by default
-    assert not downstream_rules(make_config(place_admission=False)).places
+    assert not downstream_rules(make_config(downstream="deadline")).places
 
 
 _queue = st.lists(

@@ -95,7 +95,7 @@ def test_prefill_sms_boosts_only_urgent_prompts() -> None:
     ("name", "boost"), [("horizon", False), ("fcfs", True), ("horizon-no-throttling", True)]
 )
 def test_prefill_sms_is_the_cap_without_boost_or_throttling(name: str, boost: bool) -> None:
-    policy = make_policy(name, make_config(urgent_prefill_boost=boost))
+    policy = make_policy(name, make_config(boost="prefill-backlog" if boost else "backlog"))
     text = policy.admit("t", 0.0, priority=0)
     sm = policy.step(0.01, downstream_active=True, pressure_sample=0.2).sm
     assert policy.prefill_sms(sm, [text], 0.01) == sm.shared
@@ -109,12 +109,9 @@ def test_prefill_sms_is_the_cap_without_boost_or_throttling(name: str, boost: bo
 def test_late_prefills_follow_on_time_ones_under_horizonserve_only(
     name: str, late_yield: bool, late_last: bool
 ) -> None:
-    """`late_yield`: a prompt past its deadline (text: 0.5 s) goes behind the on-time ones in
-    HorizonServe's view, not hidden; the baselines and the knob off keep queue order."""
-    config = make_config()
-    config = config.model_copy(
-        update={"control": config.control.model_copy(update={"late_yield": late_yield})}
-    )
+    """`late` yielding: a prompt past its deadline (text: 0.5 s) goes behind the on-time ones
+    in HorizonServe's view, not hidden; the baselines and late 'compete' keep queue order."""
+    config = make_config(late="yield-phase" if late_yield else "compete")
     policy = make_policy(name, config)
     old = policy.admit("old", 0.0, priority=0)
     new = policy.admit("new", 0.9, priority=0)

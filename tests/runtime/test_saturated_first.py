@@ -1,5 +1,5 @@
 """A saturated downstream stage goes first in the slack split (runtime.downstream.reported_slack,
-ControlParams.saturated_downstream_first): the pure rule, who applies it, and what the split
+ControlParams.downstream_urgency): the pure rule, who applies it, and what the split
 does with it; the simulator's talker under it (SIMULATED)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
-from horizonserve.runtime.config import ControlParams, SmLadder, control_as_recorded
+from horizonserve.runtime.config import ControlParams, SmLadder
 from horizonserve.runtime.downstream import SATURATED, reported_slack
 from horizonserve.runtime.policy import make_policy
 from horizonserve.runtime.sim.engine import simulate
@@ -49,11 +49,8 @@ def test_only_horizon_with_downstream_control_and_the_split_reports_saturation()
         "horizon-no-throttling",
     ):  # fmt: skip  (MPS is a sharing mode of these)
         assert not make_policy(policy, make_config()).saturated_first, policy
-    for knobs in ({"saturated_downstream_first": False}, {"downstream_admission": False},
-                  {"slack_split": False}):  # fmt: skip
-        assert not make_policy("horizon", make_config(**knobs)).saturated_first, knobs
-    # a run recorded before the knob existed replays without it
-    assert not control_as_recorded({}).saturated_downstream_first
+    off = make_config(downstream_urgency="slack")
+    assert not make_policy("horizon", off).saturated_first
 
 
 def test_the_split_gives_a_saturated_downstream_the_reservation_unless_a_prompt_waits() -> None:
@@ -84,7 +81,13 @@ def test_simulated_talker_saturated_first_starts_more_speech_in_time_and_loses_n
         for on in (False, True):
             setup = SimSetup.load(pipe, load_artifact(None))
             setup = replace(
-                setup, control=setup.control.model_copy(update={"saturated_downstream_first": on})
+                setup,
+                control=ControlParams.model_validate(
+                    {
+                        **setup.control.model_dump(),
+                        "downstream_urgency": "saturated" if on else "slack",
+                    }
+                ),
             )
             mix = mix_weights(wl, setup.long_classes, None)
             trace = generate(wl, mix, rate=10.0, duration_s=60.0, seed=seed)

@@ -125,6 +125,6 @@ def test_backlog_lifts_the_cap_to_s_aggr_only_while_co_running() -> None:
     assert lifted.prefill == lifted.shared
     assert ctl.select(True) == capped  # backlog cleared: straight back to Eq. (1)'s level
     assert ctl.select(False, backlog=True).level == AGGRESSIVE
-    off = SpatialController(LADDER, ControlParams(backlog_lift=False))
+    off = SpatialController(LADDER, ControlParams(boost="prefill"))
     off.observe(0.3)
     assert off.select(True, backlog=True).shared == capped.shared

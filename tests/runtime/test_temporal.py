@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from horizonserve.runtime import temporal
-from horizonserve.runtime.config import ControlParams
+from horizonserve.runtime.config import ControlParams, LateRule, Rotation, ViewOrder
 from horizonserve.runtime.profiler import RequestProfiler, RequestSignals
 from horizonserve.runtime.temporal import (
     MEMBERS_LONG_MAX,
@@ -66,10 +66,42 @@ class Queue:
         self.sched.add(sig, now)
 
 
+def scheduler(
+    control: ControlParams,
+    *,
+    rotation: bool = True,
+    edf: bool = False,
+    by_priority: bool = False,
+    late_yield: bool = False,
+    deadline_order: bool = False,
+) -> TemporalScheduler:
+    """A scheduler on `control`'s numbers with the axes these tests name: rotation, the view
+    order, and late yielding (`control.late` says whether it yields a phase, or protects)."""
+    if control.late is LateRule.PROTECT:
+        late = LateRule.PROTECT
+    elif late_yield:
+        late = control.late if control.late is not LateRule.COMPETE else LateRule.YIELD_PHASE
+    else:
+        late = LateRule.COMPETE
+    order = (
+        ViewOrder.DEADLINE
+        if edf or deadline_order
+        else ViewOrder.PRIORITY
+        if by_priority
+        else ViewOrder.ARRIVAL
+    )
+    axes = {
+        "rotation": Rotation.PATH if rotation else Rotation.OFF,
+        "view_order": order,
+        "late": late,
+    }
+    return TemporalScheduler(ControlParams.model_validate({**control.model_dump(), **axes}))
+
+
 def make_queue(control: ControlParams | None = None, **kw: bool) -> Queue:
     control = control or ControlParams()
     return Queue(
-        TemporalScheduler(control, **kw),
+        scheduler(control, **kw),
         RequestProfiler(make_slo(), control.u_guard),
         [],
     )
@@ -211,7 +243,10 @@ def test_long_phase_members_equal_the_walk(
     queue in entry order (re-queued requests at the tail), also when the caller dequeues what
     it takes while it iterates."""
     control = ControlParams(
-        long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
+        long_path_cap=cap,
+        late=LateRule.PROTECT if keep_late else LateRule.YIELD_PHASE,
+        rotation_n_min=1,
+        rotation_n_max=2,
     )
     q = make_queue(control, late_yield=late_yield)
     now = 0.0
@@ -403,7 +438,9 @@ def test_late_text_does_not_hold_a_short_phase_against_on_time_speech(
     """Past capacity the text left waiting is late: with late_yield and late_phase_yield a
     short-path phase that has only late text yields to an on-time long-path prefill; without
     either the text holds it."""
-    control = ControlParams(rotation_n_min=4, rotation_n_max=4, late_phase_yield=late_phase_yield)
+    control = ControlParams(
+        rotation_n_min=4, rotation_n_max=4, late="yield-phase" if late_phase_yield else "yield"
+    )
     q = make_queue(control, late_yield=late_yield)
     text = q.add("text", 0.0)  # deadline 0.5 s
     speech = q.add("audio-out", 1.0)  # deadline 6 s
@@ -430,7 +467,7 @@ def test_protection_ends_at_the_deadline() -> None:
 
 
 def test_protect_past_deadline_keeps_late_requests_visible() -> None:
-    q = make_queue(ControlParams(protect_past_deadline=True, rotation_n_max=2))
+    q = make_queue(ControlParams(late="protect", rotation_n_max=2))
     text = q.add("text", 0.0)
     q.add("audio-out", 0.0)
     views = [q.sched.plan(t) for t in (0.49, 0.495, 0.6)]
@@ -438,7 +475,7 @@ def test_protect_past_deadline_keeps_late_requests_visible() -> None:
     assert views[-1].is_visible(text) and not text.late
 
 
-# -- deadline order (`deadline_order`) ---------------------------------------------------------
+# -- deadline order (`view_order` 'deadline') ---------------------------------------------------
 
 
 def _slo_with_loose_short():
@@ -450,7 +487,7 @@ def _slo_with_loose_short():
 
 
 def make_dl_queue(control: ControlParams, late_yield: bool) -> Queue:
-    sched = TemporalScheduler(control, late_yield=late_yield, deadline_order=True)
+    sched = scheduler(control, late_yield=late_yield, deadline_order=True)
     return Queue(sched, RequestProfiler(_slo_with_loose_short(), control.u_guard), [])
 
 
@@ -527,12 +564,14 @@ def _check_deadline_order_view(
     ops: list, cap: int, keep_late: bool, batch: int, late_yield: bool, rotation_off: bool
 ) -> None:
     control = ControlParams(
-        long_path_cap=cap, protect_past_deadline=keep_late, rotation_n_min=1, rotation_n_max=2
+        long_path_cap=cap,
+        late=LateRule.PROTECT if keep_late else LateRule.YIELD_PHASE,
+        rotation_n_min=1,
+        rotation_n_max=2,
     )
     q = make_dl_queue(control, late_yield)
     if rotation_off:
-        q.sched = TemporalScheduler(control, rotation=False, late_yield=late_yield,
-                                    deadline_order=True)  # fmt: skip
+        q.sched = scheduler(control, rotation=False, late_yield=late_yield, deadline_order=True)
     classes = (*CLASSES, "summary")
     now = 0.0
     for op, cls, prefilled, dt, pick in ops:
@@ -584,8 +623,9 @@ def test_deadline_order_keeps_a_requeued_late_request_in_its_deadline_place() ->
     assert list(view.iter_visible(q.items, _ident)) == [first, *rest]
 
 
-def test_deadline_order_is_refused_with_edf_or_priority() -> None:
-    with pytest.raises(ValueError):
-        TemporalScheduler(ControlParams(), rotation=False, edf=True, deadline_order=True)
-    with pytest.raises(ValueError):
-        TemporalScheduler(ControlParams(), rotation=False, by_priority=True, deadline_order=True)
+def test_priority_order_is_refused_with_rotation_or_late_yielding_naming_both_fields() -> None:
+    with pytest.raises(ValueError, match="view_order 'priority' with rotation 'path'"):
+        ControlParams(view_order="priority")
+    with pytest.raises(ValueError, match="view_order 'priority' with late 'yield-phase'"):
+        ControlParams(view_order="priority", rotation="off")
+    ControlParams(view_order="priority", rotation="off", late="compete")  # a plain queue order

@@ -21,7 +21,7 @@ update_from_output) in a steady state that keeps N requests waiting:
 
 * urgent  the running batch is full of 16 speech decodes and N protected text requests wait
           (nothing ordinary waits, so every step runs the shared-stage preemption check:
-          `protect_past_deadline` keeps the texts protected however long the bench runs); the
+          `late` 'protect' keeps the texts protected however long the bench runs); the
           first 16 steps each preempt a decode through vLLM's `_preempt_request`, later steps
           find every decode preempted once and only pay the check;
 * talker  a downstream stage (the talker's AR scheduler, stage 1) with N stamped speech
@@ -143,7 +143,7 @@ def _run(kind: str, scenario: str, waiting: int, steps: int, model_dir: Path) ->
     from horizonserve.runtime.engine.vllm_omni.scheduler import ar_scheduler
     from horizonserve.runtime.engine.vllm_omni.settings import resolve_config
 
-    _setup_env(protect_past_deadline=scenario == "urgent")
+    _setup_env(**({"late": "protect"} if scenario == "urgent" else {}))
     config = resolve_config()
     stage_id = 1 if scenario == "talker" else 0
     params = SchedulerParams(

@@ -106,7 +106,7 @@ def test_policies_without_preemption_leave_the_running_set_alone(build, clock, p
 
 
 def test_the_control_switch_turns_preemption_off(build, clock):
-    sched, config = decoding_set(build, clock, control={"shared_preemption": False})
+    sched, config = decoding_set(build, clock, control={"preemption": "none"})
     add(sched, config, clock, [("S4", TEXT, PROTECTED_TEXT_AGE)])
     run_step(sched)
     assert sched.horizon.preemptions == 0 and ids(sched.waiting) == ["S4"]

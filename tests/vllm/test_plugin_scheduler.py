@@ -301,7 +301,7 @@ def test_a_step_prefilling_a_short_path_prompt_runs_on_s_aggr(build, clock, kind
     [
         ([("L0", SPEECH, 0), ("L1", SPEECH, 2.0)], {}, CAP),  # relaxed long-path prompts
         ([("L0", SPEECH, 0), ("L1", SPEECH, 8.0)], {}, AGGR),  # L1 protected (1 s of slack)
-        ([("S0", TEXT, 0)], {"urgent_prefill_boost": False}, CAP),  # boost off
+        ([("S0", TEXT, 0)], {"boost": "backlog"}, CAP),  # boost off
     ],
     ids=["relaxed-long-path", "protected-long-path", "boost-off"],
 )
@@ -316,8 +316,8 @@ def test_only_urgent_prompts_raise_the_step_above_the_cap(build, clock, specs, c
 
 
 def test_boost_off_publishes_what_the_policy_decided(build, clock):
-    """With urgent_prefill_boost=False every published split is the policy's own decision."""
-    sched, config = build(max_num_seqs=8, control={"urgent_prefill_boost": False})
+    """With boost "backlog" (no prefill boost) every published split is the policy's decision."""
+    sched, config = build(max_num_seqs=8, control={"boost": "backlog"})
     record = talker_busy(clock)
     add(sched, config, clock, [("S0", TEXT, 0), ("L1", SPEECH, 8.0)], n=300)
     for _ in range(4):  # chunked prefills, then decodes
@@ -432,7 +432,7 @@ def test_a_full_running_set_with_requests_waiting_lifts_the_step(build, clock, k
         ("horizon", {}, True, [("S0", TEXT, 0), ("S1", TEXT, 0)], (CAP, HEADROOM, 3)),
         ("horizon", {}, False, [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)],
          (AGGR, 0, AGGRESSIVE)),
-        ("horizon", {"backlog_lift": False}, True,
+        ("horizon", {"boost": "prefill"}, True,
          [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)], (CAP, HEADROOM, 3)),
         ("fcfs", {}, True, [("S0", TEXT, 0), ("S1", TEXT, 0), ("S2", TEXT, 0)],
          (AGGR, AGGR, UNCAPPED)),

@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from horizonserve.runtime.policy import traits_of
+from horizonserve.runtime.config import PRESETS, ControlParams, SmSplit, policy_name
 
 if TYPE_CHECKING:
     from horizonserve.runtime.gpu import SmLadderContexts
@@ -57,10 +57,10 @@ def sharing_for(policy: str, *, mps: bool, cuda: bool, mps_available: bool = Tru
     """The GPU-sharing mode a policy runs under (see the module docstring)."""
     if not cuda:
         return TIMESLICE  # CPU: nothing to share, nothing to cap
-    traits = traits_of(policy)
-    if traits.throttling:
+    preset = PRESETS[policy_name(policy)]
+    if preset.apply(ControlParams()).sm_split is not SmSplit.UNCAPPED:
         return MPS_GC if mps_available else GC
-    if mps or traits.rotation:  # w/o SM throttling: HorizonServe's policy uncapped, under MPS
+    if mps or preset.mps:  # the *-mps presets, and w/o SM throttling: uncapped, under MPS
         return MPS if mps_available else TIMESLICE
     return TIMESLICE
 

@@ -18,7 +18,7 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      those sessions (they wait for input, not for a place). The shared stage is then the
      bottleneck and, with downstream stages active, the policy lifts it to S_aggr (level
      LIFTED, published headroom S_tot − S_aggr; downstream workers keep their guaranteed
-     S_tot − S_cap, see `worker.py`; `ControlParams.backlog_lift`);
+     S_tot − S_cap, see `worker.py`; `ControlParams.boost`);
   3. Omni's own gates run (`OmniARScheduler.schedule`), then — between them and vLLM's
      `Scheduler.schedule` — the view is applied: `waiting` / `skipped_waiting` are swapped for
      queues holding only the visible requests (at most `free slots + margin` of `waiting`, in
@@ -42,7 +42,7 @@ thinker) owns the one `SchedulingPolicy`. Per `schedule()` call (one shared-stag
      `policy.prefill_sms`: S_aggr when the step prefills an urgent prompt (short-path, or
      protected by now) toward its first token — new, resumed before any output, or a chunk
      continuation — else the cap; the downstream headroom stays as decided, so downstream
-     stages keep their level (urgent-prefill boost, `ControlParams.urgent_prefill_boost`).
+     stages keep their level (urgent-prefill boost, `ControlParams.boost`).
 
 The view hook sits *inside* `OmniARScheduler.schedule()` (the class `_ViewHook` is placed
 between Omni's scheduler and vLLM's in the MRO), exactly where Omni's own whole-queue deferral
@@ -75,7 +75,7 @@ from vllm.v1.core.sched.scheduler import Scheduler as VLLMScheduler
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
-from horizonserve.runtime.config import PolicyName, ServingConfig
+from horizonserve.runtime.config import ServingConfig, ViewOrder
 from horizonserve.runtime.downstream import reported_slack
 from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
@@ -203,7 +203,7 @@ class SharedStageController:
         self._short_prefills: dict[str, Any] = {}
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
         # Urgent-prefill boost: only a throttling policy has a cap to rise above.
-        self._boost = config.control.urgent_prefill_boost and isinstance(
+        self._boost = self.policy.control.boost.prefill and isinstance(
             self.policy.spatial, SpatialController
         )
         # Requests whose prompt is partly computed (chunked prefill), by id: the only running
@@ -698,9 +698,9 @@ class SharedStageController:
 
 
 def policy_is_horizon(policy: SchedulingPolicy) -> bool:
-    """HorizonServe's own order rules apply (late_yield on: its policies and ablations, not
+    """HorizonServe's own order rules apply (its policies and ablations, not
     the baselines fcfs / edf / priority, which keep vLLM's order)."""
-    return bool(policy.traits.late_yield)
+    return policy.horizon
 
 
 def _prior_prefill_s_per_token(config: ServingConfig) -> float:
@@ -1036,7 +1036,7 @@ def use_vllm_priority(config: ServingConfig, vllm_config: Any) -> bool:
     pressure. Under that policy the stage's `scheduling_policy` becomes "priority" before
     vLLM builds its queues (whatever the command line said); the plugin's view then hides
     nothing and never preempts, so vLLM's scheduler is in charge. True when switched."""
-    if config.policy is not PolicyName.PRIORITY:
+    if config.resolved().view_order is not ViewOrder.PRIORITY:
         return False
     sc = vllm_config.scheduler_config
     if sc.policy != "priority":

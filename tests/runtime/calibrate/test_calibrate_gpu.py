@@ -71,9 +71,9 @@ def test_each_pipeline_decides_what_pays_from_what_this_gpu_measured(tmp_path: P
         capped = s.decode_step_s.at(ladder.s_cap) * s.corun_decode_factor.at(ladder.s_cap)
         full = s.corun_decode_factor.at(ladder.total)
         lifted = s.decode_step_s.at(ladder.aggressive) * p.sharing.mps_shared_factor(full)
-        control = p.control()
+        control = p.verdicts()
         assert control.throttling_pays == (lifted >= capped), (name, capped, lifted)
-        assert control.backlog_lift == (lifted < capped)
+        assert control.backlog_lift_pays == (lifted < capped)
         print(
             f"{name} beside {p.downstream[0].name}: decode capped at S_cap {ladder.s_cap} "
             f"{capped * 1e3:.3f} ms, uncapped under MPS {lifted * 1e3:.3f} ms -> "

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from horizonserve.runtime.calibrate.artifact import PipelineCalibration, load_artifact
+from horizonserve.runtime.config import PolicyName
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
 
@@ -30,9 +31,10 @@ def test_lift_follows_the_measured_decode_curve(artifact: str, pipeline: str, li
     capped = cost.iteration_s(ladder.s_cap, 1, 0, 0, True, Sharing.PARTITION, False)
     assert (lifted < capped) is lift
     control = cal.control()
-    assert (control.backlog_lift, control.b_sat) == (lift, cal.b_sat)
+    assert (cal.verdicts().backlog_lift_pays, control.b_sat) == (lift, cal.b_sat)
     setup = SimSetup.load(pipeline, load_artifact(DATA / artifact))
     assert setup.control == control
+    assert setup.serving_config(PolicyName.HORIZON).verdicts == cal.verdicts()
 
 
 def _with(cal: PipelineCalibration, **changes: object) -> PipelineCalibration:
@@ -63,7 +65,7 @@ def test_reserve_is_where_the_downstream_steps_fastest_within_the_decode_bound()
 def test_reservation_pays_where_mps_would_starve_the_shared_stage() -> None:
     bagel = load_artifact(DATA / "h200-measured.json").pipeline("bagel")
     # Beside the DiT, MPS costs the thinker ×5.6: the shared side cannot be left to MPS.
-    assert bagel.reservation_pays() and bagel.control().reservation_pays
+    assert bagel.reservation_pays() and bagel.verdicts().reservation_pays
     # The same entry with an MPS that barely slows the thinker: the DiT decides, and it steps
     # faster as an MPS client (×1.07) than on the reservation (×1.31): MPS is the choice.
     mild = _with(bagel, sharing__mps_shared_excess=0.05)
@@ -78,7 +80,7 @@ def test_reservation_pays_where_the_talker_steps_faster_on_it() -> None:
     # Beside the talker MPS costs the thinker only ×1.10, but the talker itself steps ×1.39
     # its solo time on the reservation against ×1.87 as an MPS client.
     assert on_reserve < as_client
-    assert qwen.reservation_pays() and qwen.control().reservation_pays
+    assert qwen.reservation_pays() and qwen.verdicts().reservation_pays
     # An MPS that costs the talker less than the reservation: the urgent side keeps MPS.
     factor = 0.95 * on_reserve / d.step_s.at(total)
     assert not _with(qwen, sharing__mps_downstream_factor=factor).reservation_pays()

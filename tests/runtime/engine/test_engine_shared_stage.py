@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from horizonserve.runtime.config import Boost  # noqa: E402
 from horizonserve.runtime.engine.reference.ar import ArExecutor  # noqa: E402
 from horizonserve.runtime.engine.reference.defaults import reference_config  # noqa: E402
 from horizonserve.runtime.engine.reference.models import DecoderLM, materialize  # noqa: E402
@@ -46,7 +47,9 @@ class Clock:
 class Harness:
     def __init__(self, model: DecoderLM, policy: str, active: int = 0, boost: bool = True) -> None:
         config = reference_config("tiny", policy=policy)
-        control = config.control.model_copy(update={"urgent_prefill_boost": boost})
+        control = config.control.model_copy(
+            update={"boost": Boost.PREFILL_BACKLOG if boost else Boost.BACKLOG}
+        )
         self.config = config.model_copy(update={"control": control})
         self.events: list[Event] = []
         self.handoffs: list[tuple[str, Handoff]] = []

@@ -194,32 +194,6 @@ def test_a_full_talker_with_an_on_time_request_waiting_reports_itself_saturated(
     assert stage.min_slack() != SATURATED
 
 
-def test_a_full_talker_under_place_wait_reports_its_waiters_slack_with_the_wait_counted() -> None:
-    """`place_wait`: the waiting request's slack counts the time until the one place frees
-    (the running stream's codes left at the step time); it is finite, and below 1 exactly when
-    that start comes after the request's late_at."""
-    clock = Clock()
-    rules = DownstreamRules(slack=True, places=True, saturated_first=True, place_wait=True)
-    stage = _talker([], slots=1, clock=clock, rules=rules)
-
-    def handoff(rid: str, deadline: float) -> Handoff:
-        cond = WireTensor.of(torch.zeros(4, PRESET.thinker.hidden))
-        return Handoff(rid, 1.0, cond, 40, Stamp(rid, "speech", 10, 1.0, deadline, 1.0))
-
-    stage.submit(handoff("a", 150.0))
-    stage.iterate()  # "a" takes the one place
-    stage.submit(handoff("b", 150.0))  # late_at 149 s, now 100 s
-    running = stage.batcher.running[0]
-    left = running.target - running.generated
-    stage.step_s = 0.5  # the place frees at 100 + left × 0.5 s: "b" starts in time
-    want = (150.0 - 100.0) / (left * 0.5 + 1.0)
-    assert stage.min_slack() == pytest.approx(want) and want > 1.0
-    stage.step_s = 50.0 / left  # the place frees at 150 s, after "b"'s late_at: behind
-    assert stage.min_slack() == pytest.approx(50.0 / 51.0)
-    stage.step_s = 0.0  # no step timed yet: the places are not projected, SATURATED
-    assert stage.min_slack() == SATURATED
-
-
 def test_code2wav_abort_and_cancel_drop_streams_and_their_queued_chunks() -> None:
     events: list[Event] = []
     stage = _vocoder(events, Clock())

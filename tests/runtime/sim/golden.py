@@ -27,25 +27,28 @@ POINTS: dict[str, tuple[float, float]] = {
     "bagel": (3.5, 40.0),
 }
 SEED = 1
-# variant name → control settings over the calibration's (`SimSetup.load`), run as "horizon".
+# variant name → control axes over the calibration's (`SimSetup.load`), run as "horizon"; keys
+# of `SharingVerdicts` set the calibration's verdicts instead.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "no-urgent-prefill-boost": {"urgent_prefill_boost": False},
-    "backlog-lift-on": {"backlog_lift": True},
-    "backlog-lift-off": {"backlog_lift": False},
-    "protect-past-deadline": {"protect_past_deadline": True},
-    "no-late-yield": {"late_yield": False},
-    "no-late-phase-yield": {"late_phase_yield": False},
-    "no-deadline-order": {"deadline_order": False},
+    "no-urgent-prefill-boost": {"boost": "backlog"},
+    "backlog-lift-on": {"backlog_lift_pays": True},
+    "backlog-lift-off": {"backlog_lift_pays": False},
+    "protect-past-deadline": {"late": "protect"},
+    "no-late-yield": {"late": "compete"},
+    "no-late-phase-yield": {"late": "yield"},
+    "no-deadline-order": {"view_order": "arrival"},
     "no-reservation": {"reservation_pays": False},
     "throttling-off": {"throttling_pays": False},
     "throttling-on": {"throttling_pays": True},
-    "no-downstream-admission": {"downstream_admission": False},
-    "no-place-admission": {"place_admission": False},
-    "no-saturated-first": {"saturated_downstream_first": False},
-    "place-wait-slack": {"place_wait_slack": True},
+    "no-downstream-admission": {
+        "downstream": "fifo",
+        "downstream_urgency": "slack",
+    },
+    "no-place-admission": {"downstream": "deadline"},
+    "no-saturated-first": {"downstream_urgency": "slack"},
     "reject-late": {"reject_late": True},
-    "no-shared-preemption": {"shared_preemption": False},
-    "no-slack-split": {"slack_split": False},
+    "no-shared-preemption": {"preemption": "none"},
+    "no-slack-split": {"sm_split": "ladder", "downstream_urgency": "slack"},
     "no-shared-hold": {"shared_hold_s": 0.0},
 }
 
@@ -59,7 +62,16 @@ def run_point(pipeline: str, system: str, control: dict[str, Any] | None = None)
     rate, duration = POINTS[pipeline]
     setup = SimSetup.load(pipeline)
     if control:
-        setup = replace(setup, control=setup.control.model_copy(update=control))
+        from horizonserve.runtime.config import ControlParams, SharingVerdicts
+
+        verdict = {k: v for k, v in control.items() if k in SharingVerdicts.model_fields}
+        axes = {k: v for k, v in control.items() if k not in verdict}
+        ctl = ControlParams.model_validate({**setup.control.model_dump(), **axes})
+        setup = replace(
+            setup,
+            control=ctl,
+            verdicts=setup.cal.verdicts().model_copy(update=verdict),
+        )
     workload = load_workload(pipeline)
     mix = mix_weights(workload, setup.long_classes, None, None)
     trace = generate(

@@ -11,6 +11,7 @@ import pytest
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
 from horizonserve.runtime.calibrate.records import read_campaign
+from horizonserve.runtime.config import DownstreamUrgency
 from horizonserve.runtime.sim.fit import replay_of
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,8 +26,9 @@ def test_items_carry_the_knobs_their_session_ran() -> None:
     art = load_artifact(ROOT / "runtime/data/calibration/h200-fitted.json")
     replay = replay_of(c, art)
     cal = art.pipeline(c.pipeline)
-    assert replay.setup(cal, "r10/horizon").control.saturated_downstream_first is True
-    assert replay.setup(cal).control.saturated_downstream_first is False  # the plan's
+    saturated = DownstreamUrgency.SATURATED
+    assert replay.setup(cal, "r10/horizon").control.downstream_urgency is saturated
+    assert replay.setup(cal).control.downstream_urgency is not saturated  # the plan's
 
 
 def test_a_replay_matches_the_simulation_of_the_session_as_run() -> None:

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact, load_packaged
-from horizonserve.runtime.config import PIPELINES, load_pipeline
+from horizonserve.runtime.config import PIPELINES, ControlParams, load_pipeline
 from horizonserve.runtime.sim import LABEL, SimResult, SimSetup, simulate
 from horizonserve.runtime.sim.engine import Simulator
 from horizonserve.runtime.sim.model import SharedCost, Sharing
@@ -57,6 +57,11 @@ STRESSED_RATES = (6.0, 7.0, 8.0)  # req/s: the top half of the default Qwen swee
 LONG_SWEEP_RATE = 6.0  # req/s: the workload file's long-path sweep load
 SEEDS = (0, 1, 2)  # trace and simulator seed of each relation run
 NON_MPS_BASELINES = tuple(b for b in BASELINES if "mps" not in b)
+
+
+def _axes(setup: SimSetup, **axes: str) -> ControlParams:
+    """`setup`'s control with `axes` set (validated: the axes become enums)."""
+    return ControlParams.model_validate({**setup.control.model_dump(), **axes})
 
 
 def _solo_setup(artifact: str) -> SimSetup:
@@ -245,10 +250,14 @@ def _probe(
 ) -> tuple[SimResult, int, bool, list[int]]:
     """(result, boosted iterations, downstream active at the probe, caps from the probe on)."""
     # Eq. (1)'s ladder alone: the slack split and an OPEN shared level would pick other caps.
-    control = setup.control.model_copy(
-        update={"urgent_prefill_boost": boost, "slack_split": False, "throttling_pays": True}
+    control = _axes(
+        setup, boost="prefill-backlog" if boost else "backlog", sm_split="ladder",
+        downstream_urgency="slack",
+    )  # fmt: skip
+    verdicts = setup.cal.verdicts().model_copy(update={"throttling_pays": True})
+    r = simulate(
+        replace(setup, control=control, verdicts=verdicts), trace, system, record_trace=True
     )
-    r = simulate(replace(setup, control=control), trace, system, record_trace=True)
     tr = r.trace
     assert tr is not None
     i = tr["t"].index(float(trace.arrival[1]))
@@ -371,11 +380,12 @@ def _logged(
     """30 s at 16 req/s, default artifact: the shared stage's 48-slot running set fills (at
     seed 0, 1449–1616 backlogged co-running iterations of 2894–3177 for every system; at
     12 req/s 62–526, the uncapped MPS systems 62–70; at 8 req/s none at all)."""
-    control = setup.control.model_copy(
-        update={"backlog_lift": lift, "slack_split": False, "throttling_pays": True}
+    control = _axes(setup, sm_split="ladder", downstream_urgency="slack")
+    verdicts = setup.cal.verdicts().model_copy(
+        update={"backlog_lift_pays": lift, "throttling_pays": True}
     )
     tr = _trace(setup, load_workload(PIPE), 16.0, long_ratio, dur=30.0)
-    sim = LoggingSimulator(replace(setup, control=control), tr, system)
+    sim = LoggingSimulator(replace(setup, control=control, verdicts=verdicts), tr, system)
     return sim.run(), sim.log
 
 
@@ -412,7 +422,7 @@ def test_lift_needs_an_active_downstream_stage(setup) -> None:
 
 @pytest.mark.parametrize("system", ["horizon", *BASELINES, "horizon-no-throttling"])
 def test_no_lift_when_switched_off_or_uncapped(setup, system: str) -> None:
-    """backlog_lift=False keeps HorizonServe on its ladder; uncapped systems never lift."""
+    """backlog_lift_pays=False keeps HorizonServe on its ladder; uncapped systems never lift."""
     lift = system != "horizon"
     r, log = _logged(setup, system, lift=lift)
     assert any(it.full and it.waiting and it.active for it in log)
@@ -525,7 +535,7 @@ def test_preemption_never_costs_attainment_on_the_fitted_h200(measured_runs: Run
 def test_slack_split_beats_the_split_without_it_on_the_fitted_h200(
     setup: SimSetup, workload: WorkloadSpec, measured_runs: Runs
 ) -> None:
-    """The never-worse rule for the slack split: HorizonServe with `slack_split` against the
+    """The never-worse rule for the slack split: HorizonServe with `sm_split` 'slack' against the
     same controller without it (here: uncapped under MPS throughout, as the calibration's
     `throttling_pays` false leaves it). Over seeds 0–7 the split gained 0.014–0.036 of mean
     attainment over the stressed rates (seed 2 the smallest; tested seeds ≥ 0.014): an urgent
@@ -533,7 +543,7 @@ def test_slack_split_beats_the_split_without_it_on_the_fitted_h200(
     (bench/results/sim/defaults-places-deadline/margins/margins.txt). Before place admission
     and the deadline-ordered view it gained 0.036–0.085: place admission starts the streams
     that can still make it, part of what the faster talker bought."""
-    off = replace(setup, control=setup.control.model_copy(update={"slack_split": False}))
+    off = replace(setup, control=_axes(setup, sm_split="ladder", downstream_urgency="slack"))
     off_runs = Runs(off, workload)
     for seed in SEEDS:
         on, without = measured_runs.stressed("horizon", seed), off_runs.stressed("horizon", seed)
@@ -546,7 +556,7 @@ def test_removing_sm_throttling_loses_under_the_paper_estimate(estimate_runs: Ru
     The ablation is HorizonServe's temporal policy uncapped under MPS, as the reference engine
     runs it (`sharing_for`). Per seed, mean attainment over the stressed rates: over seeds 0–7
     the loss was 0.058–0.095 (seed 3 the smallest); tested seeds ≥ 0.079. Both sides yield late
-    prefills (`late_yield`); without it the loss was 0.101–0.152, mostly from the overloaded
+    prefills (`late` yielding); without it the loss was 0.101–0.152, mostly from the overloaded
     ablation's late requests blocking on-time ones. The backlog lift is
     off on this artifact; forced on, the loss was 0.023–0.066: at the stressed rates the running
     set is then full most of the time (59–81 % of the iterations at λ = 8 lifted), so the
@@ -638,13 +648,13 @@ def test_planner_brackets_the_sustainable_rate(setup: SimSetup, workload) -> Non
 def test_late_yield_gains_past_capacity_and_costs_nothing_below_it(
     setup: SimSetup, workload: WorkloadSpec, measured_runs: Runs
 ) -> None:
-    """The never-worse rule for `late_yield`: HorizonServe with late prefills behind the on-time
+    """The never-worse rule for late yielding: HorizonServe with late prefills behind the on-time
     ones against the same controller serving them in queue order. Over seeds 0–7 the two were
     equal at the stressed rates (no prefill waits past its deadline there) and the rule gained
     0.038–0.297 at 14 req/s, past capacity (seed 5 the smallest, tested seeds ≥ 0.131): in
     queue order the oldest, already late prompts go first and every prompt behind them turns
     late too."""
-    off = replace(setup, control=setup.control.model_copy(update={"late_yield": False}))
+    off = replace(setup, control=_axes(setup, late="compete"))
     off_runs = Runs(off, workload)
     for seed in SEEDS:
         on, without = measured_runs.stressed("horizon", seed), off_runs.stressed("horizon", seed)

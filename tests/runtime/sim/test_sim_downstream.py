@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.workload import generate, load_workload, mix_weights
@@ -17,7 +18,9 @@ PIPE = "qwen2_5_omni"
 
 def _run(system: str, **knobs: object):  # type: ignore[no-untyped-def]
     setup = SimSetup.load(PIPE, load_artifact(None))
-    setup = replace(setup, control=setup.control.model_copy(update=knobs))
+    setup = replace(
+        setup, control=ControlParams.model_validate({**setup.control.model_dump(), **knobs})
+    )
     wl = load_workload(PIPE)
     trace = generate(wl, mix_weights(wl, setup.long_classes, None), rate=12.0, duration_s=60.0)
     return trace, simulate(setup, trace, system, seed=0)
@@ -63,12 +66,12 @@ def test_place_admission_serves_more_speech_in_time_and_loses_nothing() -> None:
     """Overloaded talker (12 req/s): the place-aware order defers the longest answers that
     would make shorter ones miss. Every request is still accounted for (answered or counted as
     a miss), and more speech requests start in time on this trace."""
-    trace, edf = _run("horizon", place_admission=False)
+    trace, edf = _run("horizon", downstream="deadline")
     _, places = _run("horizon")  # on by default
     long_path = ~edf.short_mask()
     assert len(places.latency) == len(trace)
     assert int(np.isnan(places.latency).sum()) <= int(np.isnan(edf.latency).sum()) + 5
     assert places.met()[long_path].sum() > edf.met()[long_path].sum()
     _, fcfs = _run("mps")  # a baseline keeps arrival order
-    _, fcfs_off = _run("mps", place_admission=False)
+    _, fcfs_off = _run("mps", downstream="deadline")
     assert np.array_equal(fcfs.met(), fcfs_off.met())

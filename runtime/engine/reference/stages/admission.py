@@ -33,7 +33,6 @@ class DownstreamRules:
     reject_late: bool = False  # refuse a request that can no longer meet its deadline
     places: bool = False  # list candidates in the place-aware order (`StageQueue.ordered`)
     saturated_first: bool = False  # report SATURATED while full with waiters (`reported_slack`)
-    place_wait: bool = False  # full: report the waiters' slack with the place wait (`start_slack`)
 
 
 def downstream_rules(
@@ -47,7 +46,6 @@ def downstream_rules(
         p.reject_late,
         p.place_admission,
         p.saturated_first,
-        p.place_wait,
     )
 
 

@@ -24,7 +24,6 @@ from horizonserve.runtime.downstream import (
     PlaybackClock,
     reported_slack,
     streams_may_yield,
-    with_place_wait,
 )
 from horizonserve.runtime.engine.reference.ar import ArExecutor
 from horizonserve.runtime.engine.reference.batching import BatchPlan, ContinuousBatcher, Sequence
@@ -201,9 +200,7 @@ class SpeechStage:
     def min_slack(self) -> float:
         """Pending first outputs: queued requests and running ones before their first chunk
         (share left = codes still to make for it / the chunk size). While every place is taken
-        under `saturated_first`: SATURATED while an on-time request waits (`reported_slack`),
-        or under `place_wait`, once the places are projected, the waiting requests' slack
-        with their wait for a place counted (`with_place_wait`)."""
+        under `saturated_first`: SATURATED while an on-time request waits (`reported_slack`)."""
         first = self.first
         started = (
             (seq.payload.handoff.stamp, (first - len(seq.payload.codes)) / first)
@@ -213,8 +210,6 @@ class SpeechStage:
         now = self._clock()
         u = min_slack(self.pending, started, now)
         full = self.batcher.slots.free == 0
-        if self.rules.place_wait and full and self._projects_places():
-            return with_place_wait(u, self.pending.start_slack(self._free_at(now), self.step_s))
         return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
 
     @torch.inference_mode()
