@@ -86,7 +86,7 @@ def test_on_reregisters_the_target_pipelines(tmp_path):
     assert out["resolved"]["pipeline"] == "qwen2_5_omni"  # exported to the children
     run = out["run"]
     assert out["shm"] == sorted(
-        [f"horizonserve-vllm-control-{run}", f"horizonserve-vllm-requests-{run}"]
+        f"horizonserve-vllm-{name}-{run}" for name in ("control", "requests", "answers")
     )
     # Patches still waiting for their modules in this process (the API / worker ones).
     assert "vllm_omni.entrypoints.openai.serving_chat" in out["pending"]

@@ -72,6 +72,7 @@ from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler as VLLMScheduler
+from vllm.v1.request import RequestStatus
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
@@ -106,6 +107,7 @@ SIG_ATTR = "_hs_sig"  # RequestSignals stored on the vLLM Request (no lookup on 
 _SIG = attrgetter(SIG_ATTR)
 STAMP_ATTR = "_hs_stamp"  # Stamp stored on a downstream stage's Request
 _NAN = math.nan
+_ANSWERED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 # Stage kind codes written into a downstream slot (diagnostics only).
 KIND_AR = 1
@@ -183,10 +185,13 @@ class SharedStageController:
         table: RequestTable | None = None,
         pressure: Callable[[], float | None] | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        answers: shared.AnswerLengths | None = None,
     ) -> None:
         self.config = config
         self.knobs = knobs or Knobs()
         self.policy: SchedulingPolicy = make_policy(config.policy, config)
+        # Long-path answer lengths for the first downstream stage's place-aware order.
+        self.answers = answers if self.policy.place_admission else None
         self.record = record
         self.writer = record.decision_writer() if record is not None else None
         self.table = table
@@ -319,12 +324,19 @@ class SharedStageController:
         self._enter(request, sig)
 
     def on_free(self, request: Any) -> None:
-        """`request` finished or was aborted."""
+        """`request` finished or was aborted; a long-path answer's length is recorded."""
         if self._chunked:
             self._chunked.pop(request.request_id, None)
         sig = _sig(request)
         if sig is not None and sig.waiting:
             self._leave(request, sig)
+        if (
+            self.answers is not None
+            and sig is not None
+            and sig.long_path
+            and request.status in _ANSWERED
+        ):
+            self.answers.record(external_id(request), request.num_output_tokens)
 
     def _sig_of(self, request: Any) -> RequestSignals:
         sig = request.__dict__.get(SIG_ATTR)
@@ -871,6 +883,7 @@ class DownstreamStage:
         table: RequestTable | None,
         config: ServingConfig | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        answers: shared.AnswerLengths | None = None,
     ) -> None:
         self.stage_id = stage_id
         self.slot = max(0, min(stage_id - 1, shared.N_SLOTS - 1))
@@ -883,10 +896,15 @@ class DownstreamStage:
         if config is not None:
             policy = make_policy(config.policy, config)
             self.admission = DownstreamAdmission(
-                policy.downstream_queue(), first_stage=stage_id == 1, clock_ns=self._now_ns
+                policy.downstream_queue(),
+                first_stage=stage_id == 1,
+                clock_ns=self._now_ns,
+                place=policy.place_admission,
             )
             self.saturated_first = policy.saturated_first
         self.clock_ns = clock_ns
+        # Answer lengths from the shared stage: the work of the place-aware order.
+        self.answers = answers if self.admission is not None and self.admission.place else None
 
     def _now_ns(self) -> int:
         return self.clock_ns()  # read late: tests swap `clock_ns` after construction
@@ -904,7 +922,10 @@ class DownstreamStage:
         self.stamps[request.request_id] = stamp
         request.__dict__[STAMP_ATTR] = stamp
         if self.admission is not None:
-            self.admission.on_enqueue(request, None if stamp is None else stamp.as_core())
+            work = 0.0
+            if self.answers is not None:
+                work = float(self.answers.take(external_id(request)) or 0)
+            self.admission.on_enqueue(request, None if stamp is None else stamp.as_core(), work)
 
     def on_free(self, request: Any) -> None:
         self.stamps.pop(request.request_id, None)
@@ -964,6 +985,7 @@ class DownstreamHooks:
             record=shared.control_record(),
             table=shared.request_table(),
             config=resolve_config(hint),
+            answers=shared.answer_lengths(),
         )
 
     def hs_stamp(self, request_id: str) -> Stamp | None:
@@ -1054,6 +1076,7 @@ def build_shared_controller(vllm_config: Any) -> SharedStageController:
         record=shared.control_record(),
         table=shared.request_table(),
         pressure=_pressure_sampler(),
+        answers=shared.answer_lengths(),
     )
 
 
