@@ -178,6 +178,24 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
     )
 
 
+class ExitWatch:
+    """When `serve` gives up: no class can be served (not ready) and the pipeline cannot
+    recover by itself (not live), both for `grace_s`. A stage that keeps failing (its restart
+    budget spent) leaves only its own classes degraded; the others keep serving."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._since: float | None = None
+
+    def give_up(self, live: bool, ready: bool, now: float) -> bool:
+        if live or ready:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        return now - self._since > self.grace_s
+
+
 class StatsWriter:
     """Rewrites the sidecar's per-class stats file every `interval` seconds."""
 
@@ -338,18 +356,12 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         stats = StatsWriter(pipeline, args.stats_file or stats_path(), args.stats_interval)
-        not_live_since: float | None = None
+        watch = ExitWatch(10 * args.hang_timeout)
         while not stop.wait(min(0.5, args.stats_interval)):
             if not server.running:
                 log.error("the HTTP server stopped")
                 return 1
-            # A stage that keeps failing leaves its classes degraded; the process ends only
-            # when no class can be served and the pipeline cannot recover by itself.
-            if pipeline.live() or pipeline.ready():
-                not_live_since = None
-            elif not_live_since is None:
-                not_live_since = time.monotonic()
-            elif time.monotonic() - not_live_since > 10 * args.hang_timeout:
+            if watch.give_up(pipeline.live(), pipeline.ready(), time.monotonic()):
                 log.error("the pipeline cannot recover: %s", pipeline.health())
                 return 1
             stats.maybe_write()

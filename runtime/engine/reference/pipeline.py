@@ -94,6 +94,7 @@ from horizonserve.runtime.engine.reference.protocol import (
 from horizonserve.runtime.engine.reference.stages import run_stage
 from horizonserve.runtime.engine.reference.stages.common import StageConfig
 from horizonserve.runtime.engine.reference.supervisor import (
+    FaultConfirmation,
     RestartBackoff,
     RestartPolicy,
     stage_fault,
@@ -338,6 +339,7 @@ class StageSlot:
     startup_s: float = 5.0  # last measured spawn → READY (for Retry-After)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     faults: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
+    confirm: FaultConfirmation = field(default_factory=FaultConfirmation)  # one bad read ≠ dead
 
 
 class Pipeline:
@@ -652,8 +654,8 @@ class Pipeline:
                 return
             if slot.state == RUNNING:
                 fault = self._fault(slot, hang_ns)
-                if fault is not None:
-                    self._stage_failed(slot, fault, now)
+                if slot.confirm.confirmed(fault, slot.proc.exitcode is not None, now):
+                    self._stage_failed(slot, fault or "failed", now)
             elif slot.state == STARTING:
                 if slot.proc.exitcode is not None:
                     self._stage_failed(slot, "exited during start-up", now)

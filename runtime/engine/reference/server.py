@@ -2,7 +2,8 @@
 
 POST /v1/requests   JSON body (api_models.GenerateRequest) → 200 at the first response with
                     the request's record; "stream": true → Server-Sent Events until it ends
-GET  /health        liveness: 200 while the pipeline can recover by itself, else 503
+GET  /health        liveness: 200 while the pipeline can recover by itself or some class is
+                    served ("degraded"), else 503
 GET  /ready         readiness: 200 while some class can be served (body: degraded classes)
 GET  /healthz       everything: stages, pids, heartbeats, restarts, fault reasons, degraded
                     classes — to a caller with a valid API key (without keys: a loopback
@@ -385,9 +386,15 @@ class _Api:
 
     # -- health -----------------------------------------------------------------------------
     def health(self) -> Response:
-        live = self.pipeline.live()
-        body = {"status": "ok" if live else "failed"}
-        return JSONResponse(body, status_code=200 if live else 503)
+        """Liveness: 200 while the pipeline can recover by itself, or while some class is
+        served (a stage that keeps failing degrades its classes; restarting the pod would
+        stop the others too)."""
+        pipeline = self.pipeline
+        if pipeline.live():
+            return JSONResponse({"status": "ok"})
+        if pipeline.ready():
+            return JSONResponse({"status": "degraded", "degraded": pipeline.degraded()})
+        return JSONResponse({"status": "failed"}, status_code=503)
 
     def ready(self) -> Response:
         pipeline = self.pipeline

@@ -49,6 +49,32 @@ class RestartBackoff:
         return sum(1 for t in self.failures if now - t <= p.window_s) > p.max_restarts
 
 
+HEARTBEAT_CONFIRM_S = 0.5  # a heartbeat fault must hold this long (5 idle beats) to count
+
+
+@dataclass(slots=True)
+class FaultConfirmation:
+    """A heartbeat fault counts only once it held `HEARTBEAT_CONFIRM_S`: a healthy stage
+    rewrites a corrupted heartbeat word within one beat, a hung or stopped one never does. An
+    exited process counts at once."""
+
+    since: float | None = None
+
+    def confirmed(self, fault: str | None, exited: bool, now: float) -> bool:
+        if fault is None:
+            self.since = None
+            return False
+        if exited:
+            self.since = None
+            return True
+        if self.since is None:
+            self.since = now
+        if now - self.since >= HEARTBEAT_CONFIRM_S:
+            self.since = None
+            return True
+        return False
+
+
 def stage_fault(
     *,
     exitcode: int | None,
