@@ -306,6 +306,11 @@ def test_network_policies_admit_only_the_ports_in_use(helm_bin: str) -> None:
     serving = policies["horizonserve-serving"]
     assert serving["metadata"]["namespace"] == "team-a"
     assert [r["ports"][0]["port"] for r in serving["spec"]["ingress"]] == [8000, 9090]
+    # The sidecar's metrics port admits Prometheus (the monitoring namespace), not anyone.
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    assert serving["spec"]["ingress"][1]["from"] == [
+        {"namespaceSelector": {"matchLabels": monitoring}}
+    ]
     assert not find(template(helm_bin, {"networkPolicy.enabled": False}), "NetworkPolicy")
 
 
