@@ -262,13 +262,27 @@ def find_calibration(config: ServingConfig, env: Mapping[str, str]) -> Path | No
     return None
 
 
+REJECT_LATE_UNSUPPORTED = (
+    "control.reject_late: the vLLM-Omni plugin cannot refuse a request at a downstream stage "
+    "(vLLM-Omni has no path there that answers the client with a reason); set reject_late "
+    "false: late requests are then served behind the meetable ones and counted"
+)
+
+
+def check_supported(config: ServingConfig) -> ServingConfig:
+    """`config`, or PluginConfigError naming the control the plugin cannot apply and the fix."""
+    if config.resolved().reject_late:
+        raise PluginConfigError(REJECT_LATE_UNSUPPORTED)
+    return config
+
+
 def resolve_config(hint: str | None = None, env: Mapping[str, str] | None = None) -> ServingConfig:
     """The ServingConfig this process serves with (see the module docstring)."""
     env = os.environ if env is None else env
     resolved = env.get(RESOLVED_CONFIG_ENV)
     if resolved:
-        return ServingConfig.model_validate_json(resolved)
-    config = with_policy(base_config(hint, env), env)
+        return check_supported(ServingConfig.model_validate_json(resolved))
+    config = check_supported(with_policy(base_config(hint, env), env))
     path = find_calibration(config, env)
     if path is not None:
         from horizonserve.runtime.calibrate.artifact import load_artifact
