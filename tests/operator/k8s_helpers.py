@@ -217,6 +217,9 @@ CLUSTER_RULES = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
      "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
+     "verbs": ["list", "watch"]},
     # Namespaced mode: release OmniServices elsewhere from a cluster-wide install's finalizer.
     {"apiGroups": ["horizonserve.io"], "resources": ["omniservices"], "verbs": ["list", "patch"]},
 ]  # fmt: skip
@@ -227,11 +230,14 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["pods"],
      "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"],
-     "verbs": ["list", "watch", "create", "delete", "patch"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create", "delete"]},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-     "verbs": ["create", "delete"]},
+     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"],
+     "verbs": ["get", "create"]},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+     "verbs": ["get", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]  # fmt: skip
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
