@@ -167,6 +167,12 @@ CEL_RULES: list[tuple[tuple[str, ...], str, str]] = [
     (("ladder",), "self.levels[size(self.levels) - 1] <= self.aggressive && "
      "self.aggressive <= self.total",
      "levels: S_cap (the last level) <= aggressive <= total must hold"),
+    (("modelSource",), "(has(self.huggingFace) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + "
+     "(has(self.image) ? 1 : 0) == 1",
+     "set exactly one of huggingFace, pvc or image"),
+    (("modelSource",), "!has(self.cache) || !has(self.cache.claimName) || has(self.huggingFace)",
+     "cache.claimName: only a huggingFace download fills a cache claim; for a ready-made "
+     "cache use modelSource.pvc"),
 ]  # fmt: skip
 
 

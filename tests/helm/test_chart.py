@@ -467,6 +467,14 @@ def test_admission_policy_only_where_served_and_with_the_chart_policy(helm_bin: 
     rules = " ".join(v["expression"] for v in one(docs, "ValidatingAdmissionPolicy")["spec"][
         "validations"])  # fmt: skip
     assert '["registry.example:5000"]' in rules and '["gpu-serving"]' in rules
+    # spec.modelSource / spec.engineArgs (operator/model_source.py): one kind, the weights
+    # image's registry, --trust-remote-code only where the chart allows it.
+    assert "has(object.spec.modelSource.pvc)" in rules and "variables.weightsRegistry" in rules
+    assert "trustRemoteCode" in rules
+    docs = template(helm_bin, {"modelSource.allowTrustRemoteCode": True}, extra=served)
+    rules = " ".join(v["expression"] for v in one(docs, "ValidatingAdmissionPolicy")["spec"][
+        "validations"])  # fmt: skip
+    assert "trustRemoteCode" not in rules and "weightsRegistry" in rules
 
 
 def test_existing_service_account_and_no_rbac(helm_bin: str) -> None:
