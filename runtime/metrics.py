@@ -447,6 +447,11 @@ class MetricsRecorder:
         if preempted:
             self.preemptions.labels(m, class_name).inc(preempted)
 
+    def client_gone(self, key: Hashable, now: float) -> None:
+        """The client of request `key` went away: not judged if its deadline had not passed."""
+        with self._lock:
+            self.book.drop(key, now)
+
     def rejected(self, class_name: str | None, reason: str) -> None:
         self.rejections.labels(self.model_name, class_name or "", reason).inc()
 

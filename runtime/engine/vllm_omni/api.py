@@ -188,8 +188,7 @@ class ApiState:
     def client_gone(self, rid: str, now_ns: int) -> None:
         """The client went away before its deadline: the request is not judged."""
         if self.recorder is not None:
-            with self._lock:
-                self.recorder.book.drop(rid, now_ns * 1e-9)
+            self.recorder.client_gone(rid, now_ns * 1e-9)
 
     def forget(self, rid: str) -> None:
         if self.table is not None:
