@@ -56,8 +56,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -99,11 +100,20 @@ def place_order(
     and O(k²·p) at worst, for k requests (≤ PLACE_HORIZON where the queue calls it) and p
     places.
     """
-    if not free_at:
+    if not free_at or not requests:
         return []
-    kept = list(range(len(requests)))
     first = [t if t > now else now for t in free_at]
     heapq.heapify(first)
+    if first[0] > max(r[0] for r in requests):
+        return []  # no request can start in time on any place: every one is deferred
+    places = first.copy()
+    for late_at, occupancy in requests:  # one walk: where every request starts in time
+        if places[0] > late_at:
+            break
+        heapq.heapreplace(places, places[0] + occupancy)
+    else:
+        return list(range(len(requests)))
+    kept = list(range(len(requests)))
     before = [first]  # before[pos]: the places' free times before kept[pos] takes one
     pos = 0
     while pos < len(kept):
@@ -196,7 +206,7 @@ class AdmissionQueue(Protocol[T]):
 
 
 class _Entry(Generic[T]):
-    __slots__ = ("alive", "deadline", "first_s", "item", "late_at", "seq", "stamp", "work")
+    __slots__ = ("deadline", "first_s", "in_late", "item", "late_at", "seq", "stamp", "work")
 
     def __init__(self, item: T, stamp: Stamp, first_s: float, seq: int, work: float) -> None:
         self.item = item
@@ -206,24 +216,7 @@ class _Entry(Generic[T]):
         self.late_at = stamp.deadline - first_s
         self.seq = seq
         self.work = work
-        self.alive = True
-
-
-def _in_order(heap: list[tuple[float, int, _Entry[T]]]) -> Iterator[_Entry[T]]:
-    """The live entries of a (deadline, seq) heap in that order, without popping: a walk of
-    the heap's frontier, O(log k) per entry read, so reading k costs k log k, not n log n."""
-    if not heap:
-        return
-    frontier = [(heap[0][0], heap[0][1], 0)]
-    size = len(heap)
-    while frontier:
-        _, _, i = heapq.heappop(frontier)
-        e = heap[i][2]
-        for c in (2 * i + 1, 2 * i + 2):
-            if c < size:
-                heapq.heappush(frontier, (heap[c][0], heap[c][1], c))
-        if e.alive:
-            yield e
+        self.in_late = False  # in SlackQueue's late list
 
 
 class _Handout(Generic[T]):
@@ -242,9 +235,12 @@ class _Handout(Generic[T]):
 
 
 class SlackQueue(_Handout[T]):
-    """Earliest deadline first among meetable requests, late ones behind (see module doc)."""
+    """Earliest deadline first among meetable requests, late ones behind (see module doc).
 
-    __slots__ = ("_by_item", "_dead", "_late", "_live", "_meet", "_seq")
+    Invariant: `_meet` and `_late` hold every live entry once, each list sorted by (deadline,
+    seq); an entry of `_meet` may be late (found and moved lazily), one of `_late` is."""
+
+    __slots__ = ("_by_item", "_late", "_live", "_meet", "_seq")
 
     def __init__(self) -> None:
         self._meet: list[tuple[float, int, _Entry[T]]] = []  # (deadline, seq): maybe meetable
@@ -252,7 +248,6 @@ class SlackQueue(_Handout[T]):
         self._by_item: dict[int, _Entry[T]] = {}  # id(item) -> live entry
         self._seq = itertools.count()
         self._live = 0
-        self._dead = 0  # removed entries still in a heap (dropped lazily, compacted in bulk)
         self.late_popped = 0
 
     def __len__(self) -> int:
@@ -265,25 +260,19 @@ class SlackQueue(_Handout[T]):
         e = _Entry(item, stamp, first_output_s, next(self._seq), work)
         self._by_item[key] = e
         self._live += 1
-        heapq.heappush(self._meet, (e.deadline, e.seq, e))
+        insort(self._meet, (e.deadline, e.seq, e))  # seq is unique: entries never compared
 
     def _settle(self, now: float) -> None:
-        """Drop dead tops and move tops found late; afterwards `_meet[0]` is live and meetable."""
+        """Move the leading entries found late; afterwards `_meet[0]` is meetable."""
         meet = self._meet
-        while meet:
-            e = meet[0][2]
-            if not e.alive:
-                heapq.heappop(meet)
-                self._dead -= 1
-            elif now > e.late_at:
-                heapq.heappop(meet)
-                heapq.heappush(self._late, (e.deadline, e.seq, e))
-            else:
-                return
-        late = self._late
-        while late and not late[0][2].alive:
-            heapq.heappop(late)
-            self._dead -= 1
+        i = 0
+        while i < len(meet) and now > meet[i][2].late_at:
+            i += 1
+        if i:
+            for t in meet[:i]:
+                t[2].in_late = True
+                insort(self._late, t)
+            del meet[:i]
 
     def _head(self, now: float) -> tuple[_Entry[T], bool] | None:
         self._settle(now)
@@ -298,7 +287,7 @@ class SlackQueue(_Handout[T]):
         if head is None:
             return None
         e, late = head
-        heapq.heappop(self._late if late else self._meet)
+        del (self._late if late else self._meet)[0]
         self._forget(e)
         if late:
             self.late_popped += 1
@@ -318,11 +307,12 @@ class SlackQueue(_Handout[T]):
         self._settle(now)
         n = self._live if limit is None else min(limit, self._live)
         # The meetable ones in deadline order, as far as the listing (and the rule) reads them;
-        # entries found late below the meetable heap's top follow the late heap's.
+        # entries found late below the meetable list's head follow the late list's.
         want = n + PLACE_HORIZON if free_at is not None else n
         meet: list[_Entry[T]] = []
         stale: list[_Entry[T]] = []
-        for e in _in_order(self._meet):
+        for t in self._meet:
+            e = t[2]
             if now > e.late_at:
                 stale.append(e)
             elif len(meet) < want:
@@ -335,38 +325,39 @@ class SlackQueue(_Handout[T]):
             chosen = set(kept)
             deferred = [e for i, e in enumerate(head) if i not in chosen]
             meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
-        if len(stale) > 16:  # late stays late (`late_at` is fixed, the clock only moves on)
-            self._rebuild(now)
         out = [(e.item, False) for e in meet[:n]]
         if len(out) < n:
-            late = heapq.merge(_in_order(self._late), stale, key=lambda e: (e.deadline, e.seq))
+            known = (t[2] for t in self._late)
+            late = heapq.merge(known, stale, key=lambda e: (e.deadline, e.seq))
             out += [(e.item, True) for e in itertools.islice(late, n - len(out))]
+        if len(stale) > 16:  # late stays late (`late_at` is fixed, the clock only moves on)
+            self._rebuild(now)
         return out
 
-    def _rebuild(self, now: float | None = None) -> None:
-        """Both heaps again, without removed entries and, given `now`, with every entry late
-        by then moved to the late heap. O(n); called once many removed or late entries sit
-        where `order` would walk over them, so later listings do not."""
-        meet, late = [], [t for t in self._late if t[2].alive]
+    def _rebuild(self, now: float) -> None:
+        """Every entry of `_meet` late by `now` moved to `_late`: O(n), called once many
+        late entries sit where `order` would walk over them, so later listings do not."""
+        meet: list[tuple[float, int, _Entry[T]]] = []
+        moved: list[tuple[float, int, _Entry[T]]] = []
         for t in self._meet:
-            if t[2].alive:
-                (meet if now is None or now <= t[2].late_at else late).append(t)
-        heapq.heapify(meet)
-        heapq.heapify(late)
-        self._meet, self._late, self._dead = meet, late, 0
+            (meet if now <= t[2].late_at else moved).append(t)
+        for t in moved:
+            t[2].in_late = True
+        self._meet = meet
+        self._late = sorted(self._late + moved) if moved else self._late
 
     def remove(self, item: T) -> bool:
         e = self._by_item.get(id(item))
         if e is None:
             return False
-        self._forget(e)  # its heap tuple is dropped lazily, or with the others in bulk
-        self._dead += 1
-        if self._dead > self._live + 32:  # amortised O(1): `order` walks live entries only
-            self._rebuild()
+        lst = self._late if e.in_late else self._meet
+        i = bisect_left(lst, (e.deadline, e.seq))
+        assert lst[i][2] is e, "a queued entry is in its list"
+        del lst[i]
+        self._forget(e)
         return True
 
     def _forget(self, e: _Entry[T]) -> None:
-        e.alive = False
         del self._by_item[id(e.item)]
         self._live -= 1
 

@@ -151,7 +151,7 @@ class Phase(StrEnum):
     ALL = "all"  # no path filtering (rotation disabled)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StepView:
     """The decision of one step: a predicate over waiting requests."""
 
@@ -520,70 +520,96 @@ class TemporalScheduler:
         cont = self._continuations
         long_protected = self._long_waiting - long_n
         late_last = self._late_last
-        if not self._rotation:
-            total = cont + self._short_waiting + self._long_waiting
-            n_late = len(self._short_late) + len(late) if late_last else 0
-            return StepView(
-                step, Phase.ALL, 0, None, True, total, self._dl, self._by_priority,
-                late_long_visible=True, late=n_late,
-            )  # fmt: skip
-        control = self._control
-        if self._cycle_pos == 0:
-            self._n = rotation_n(control, self._short_protected, self._short_waiting)
-        n = self._n
-        phase = Phase.SHORT if self._cycle_pos < n else Phase.LONG
-        self._cycle_pos = (self._cycle_pos + 1) % (n + control.rotation_m)
-        short_ordinary = self._short_waiting - self._short_protected
-        if self._phase_yield and on_time:
-            # Late short-path prefills have missed their SLO: they do not hold a short-path
-            # phase against on-time long-path ones (they run once none of those waits).
-            short_ordinary -= len(self._short_late)
-        if phase is Phase.SHORT and short_ordinary == 0 and long_n:
-            phase = Phase.LONG
-        elif phase is Phase.LONG and long_n == 0:
-            phase = Phase.SHORT
         dl = self._dl
-        if phase is Phase.SHORT:
-            visible = cont + self._short_waiting + long_protected
-            n_late = len(self._short_late) if late_last else 0
-            # With late prefills (or in deadline order) the view reads its sequence from the
-            # index (`iter_visible` with a lookup), so it need not walk past the late ones at
-            # the queue's head (nor sort the queue).
-            return StepView(
-                step, phase, n, None, False, visible, dl, index=self if n_late or dl else None,
-                late=n_late, long_hidden=long_n > 0,
-            )  # fmt: skip
-        visible = cont + self._short_protected + long_protected
-        if dl:  # the on-time short-path prefills stay visible, in deadline order
+        # Defaults of the view's fields; each case below sets what differs.
+        phase, n, index = Phase.ALL, 0, self
+        long_limit: tuple[float, int] | None = None
+        late_limit: tuple[float, int] | None = None
+        long_visible = late_long_visible = long_hidden = short_on_time = False
+        n_late = 0
+        if not self._rotation:  # every waiting request, every step
+            visible = cont + self._short_waiting + self._long_waiting
+            n_late = len(self._short_late) + len(late) if late_last else 0
+            long_visible = late_long_visible = True
+            index = None
+        else:
+            control = self._control
+            if self._cycle_pos == 0:
+                self._n = rotation_n(control, self._short_protected, self._short_waiting)
+            n = self._n
+            phase = Phase.SHORT if self._cycle_pos < n else Phase.LONG
+            self._cycle_pos = (self._cycle_pos + 1) % (n + control.rotation_m)
+            short_ordinary = self._short_waiting - self._short_protected
+            if self._phase_yield and on_time:
+                # Late short-path prefills have missed their SLO: they do not hold a short-path
+                # phase against on-time long-path ones (they run once none of those waits).
+                short_ordinary -= len(self._short_late)
+            if phase is Phase.SHORT and short_ordinary == 0 and long_n:
+                phase = Phase.LONG
+            elif phase is Phase.LONG and long_n == 0:
+                phase = Phase.SHORT
+            if phase is Phase.SHORT:
+                visible = cont + self._short_waiting + long_protected
+                n_late = len(self._short_late) if late_last else 0
+                long_hidden = long_n > 0
+                # With late prefills (or in deadline order) the view reads its sequence from
+                # the index (`iter_visible` with a lookup), so it need not walk past the late
+                # ones at the queue's head (nor sort the queue).
+                if not (n_late or dl):
+                    index = None
+            else:
+                visible, long_limit, long_visible, late_limit, late_long_visible, n_late = (
+                    self._long_phase(cont + self._short_protected + long_protected)
+                )
+                long_hidden = long_n > self._cap
+                short_on_time = dl
+        return StepView(
+            step=step,
+            phase=phase,
+            n=n,
+            long_limit=long_limit,
+            long_visible=long_visible,
+            visible=visible,
+            edf=dl,
+            by_priority=self._by_priority,
+            index=index,
+            late_limit=late_limit,
+            late_long_visible=late_long_visible,
+            late=n_late,
+            long_hidden=long_hidden,
+            short_on_time=short_on_time,
+        )
+
+    def _long_phase(
+        self, visible: int
+    ) -> tuple[int, tuple[float, int] | None, bool, tuple[float, int] | None, bool, int]:
+        """A long-path phase's (visible, long_limit, long_visible, late_limit,
+        late_long_visible, late) given the `visible` count of what it shows in any case: the
+        capped ordinary long-path prefills (on-time ones first with `late_last`)."""
+        on_time, late, cap = self._long_ordinary, self._long_late, self._cap
+        long_n = len(on_time) + len(late)
+        if self._dl:  # the on-time short-path prefills stay visible, in deadline order
             visible += len(self._short_on)
-        cap = self._cap
         if cap == 0:
-            return StepView(
-                step, phase, n, None, False, visible, dl, index=self, long_hidden=True,
-                short_on_time=dl,
-            )  # fmt: skip
-        if not late_last:
+            return visible, None, False, None, False, 0
+        if not self._late_last:
             # One deadline order over both lists (late first): the cap's earliest deadlines.
             limit = None
             if long_n > cap:
                 limit = late[cap - 1][:2] if cap <= len(late) else on_time[cap - 1 - len(late)][:2]
-            return StepView(
-                step, phase, n, limit, True, visible + min(cap, long_n), dl, index=self,
-                late_limit=limit, late_long_visible=True, long_hidden=long_n > cap,
-                short_on_time=dl,
-            )  # fmt: skip
+            return visible + min(cap, long_n), limit, True, limit, True, 0
         # On-time long-path prefills take the cap first; late ones get the places left.
         shown_on = min(cap, len(on_time))
         rest = cap - shown_on
         shown_late = min(rest, len(late))
-        return StepView(
-            step, phase, n,
-            on_time[cap - 1][:2] if len(on_time) > cap else None, shown_on > 0,
-            visible + shown_on + shown_late, dl, index=self,
-            late_limit=late[rest - 1][:2] if len(late) > rest > 0 else None,
-            late_long_visible=shown_late > 0, late=shown_late, long_hidden=long_n > cap,
-            short_on_time=dl,
-        )  # fmt: skip
+        return (
+            visible + shown_on + shown_late,
+            on_time[cap - 1][:2] if len(on_time) > cap else None,
+            shown_on > 0,
+            late[rest - 1][:2] if len(late) > rest > 0 else None,
+            shown_late > 0,
+            shown_late,
+        )
 
     def _long_members(self, long_visible: bool, gate: bool) -> Iterable[RequestSignals] | None:
         """A long-path phase's visible set in entry order: the shown requests (in entry order)

@@ -9,7 +9,7 @@ Measures, at several waiting-queue sizes, what the scheduler adds to each shared
                    members from the index
   * view-on-time — the view on a queue whose requests all arrived in the last 10 ms and stay on
                    time (planned at one instant): every short-path prompt is visible, in
-                   deadline order (`deadline_order`); `view`'s queue is an overloaded one whose
+                   deadline order (`view_order`); `view`'s queue is an overloaded one whose
                    short-path prompts are late
   * view-worst   — the same on a queue ordered so that a long-path phase's few visible requests
                    sit at its tail
@@ -21,10 +21,12 @@ Measures, at several waiting-queue sizes, what the scheduler adds to each shared
                    waiting heap's top) and the choice between the two sides (per step)
   * downstream   — a downstream stage's admission with `waiting` requests queued there: one
                    arrival, the slack peek the split reads, one admission (per step)
-  * places       — place-aware admission (`place_admission`) with `waiting` requests
+  * places       — place-aware admission (`downstream` 'place') with `waiting` requests
                    queued and 16 places all taken: one arrival, the listing in place order and
                    the admission of its head (per freed place, not per step)
-  * per-step-total — annotation of one request + view + sm-cap + split + downstream
+  * per-step-total — annotation of one request + view + sm-cap + split + downstream + places:
+                   the whole step, place ordering included (one freed place per step, the
+                   worst case)
 Times are wall-clock medians over repeated rounds of `time.perf_counter_ns` loops (CPython, one
 core). The paper's Table 4 reference: 0.4 µs/request, 1.0 µs/step view, 0.3 µs/step SM cap.
 """
@@ -237,7 +239,12 @@ def run_overhead(sizes: tuple[int, ...], *, batch: int, rounds: int) -> dict:
     rows = {str(n): measure(n, batch=batch, rounds=rounds) for n in sizes}
     for row in rows.values():
         row["per-step-total"] = (
-            row["annotation"] + row["view"] + row["sm-cap"] + row["split"] + row["downstream"]
+            row["annotation"]
+            + row["view"]
+            + row["sm-cap"]
+            + row["split"]
+            + row["downstream"]
+            + row["places"]
         )
     return {
         "unit": "microseconds (annotation per request; others per step)",

@@ -330,3 +330,16 @@ def test_the_decision_records_the_slacks_the_split_compared() -> None:
     text = make_policy("horizon", make_config())
     text.admit("text", 0.0, priority=0)
     assert text.step(0.01, downstream_active=True).shared_slack == -math.inf  # text waits
+
+
+def test_a_listing_past_many_late_requests_names_each_request_once() -> None:
+    """More than 16 late requests behind a meetable head: the listing that finds them moves
+    them to the late list and still names every queued request exactly once (it once named
+    them twice, from the late list it had just filled and from the walk)."""
+    q: SlackQueue[int] = SlackQueue()
+    q.push(0, _stamp(0, 10.0), 0.1)  # meetable at t = 5
+    for i in range(1, 21):
+        q.push(i, _stamp(i, 10.0 + i), 40.0)  # must start 40 s before its deadline: late
+    listed = [item for item, _ in q.order(5.0)]
+    assert sorted(listed) == list(range(21))
+    assert [item for item, _ in q.order(5.0)] == listed  # the rebuilt lists list the same

@@ -23,8 +23,9 @@ def test_overhead_json_has_all_figures(capsys) -> None:  # type: ignore[no-untyp
             "downstream",
         }
         assert all(v > 0 for v in row.values())
-        # The whole control step: annotation, view, SM cap, slack split, downstream admission.
-        parts = ("annotation", "view", "sm-cap", "split", "downstream")
+        # The whole control step: annotation, view, SM cap, slack split, downstream admission
+        # and the place ordering of a freed place.
+        parts = ("annotation", "view", "sm-cap", "split", "downstream", "places")
         total = sum(row[k] for k in parts)
         assert abs(row["per-step-total"] - total) < 1e-9
     assert out["paper_table4_us"]["view"] == 1.0
