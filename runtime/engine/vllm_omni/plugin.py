@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from horizonserve.runtime.engine.vllm_omni import settings, shared
+from horizonserve.runtime.engine.vllm_omni import compat, settings, shared
 from horizonserve.runtime.engine.vllm_omni.hooks import when_imported
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,12 @@ def _patch_diffusion_worker(module: ModuleType) -> None:
     install_diffusion_worker(module.DiffusionWorker)
 
 
+def _guard_scheduler_config(module: ModuleType) -> None:
+    from horizonserve.runtime.engine.vllm_omni.start_guard import install_guard
+
+    install_guard(module.SchedulerConfig)
+
+
 def _patch_diffusion_engine(module: ModuleType) -> None:
     from horizonserve.runtime.engine.vllm_omni import diffusion_order
     from horizonserve.runtime.engine.vllm_omni.worker import install_diffusion_engine
@@ -156,6 +162,8 @@ PATCHES = {
     "vllm_omni.worker.gpu_generation_worker": _patch_generation_worker,
     "vllm_omni.diffusion.worker.diffusion_worker": _patch_diffusion_worker,
     "vllm_omni.diffusion.diffusion_engine": _patch_diffusion_engine,
+    # every engine core (one per stage) refuses to start on a scheduler not HorizonServe's
+    "vllm.config.scheduler": _guard_scheduler_config,
 }
 
 
@@ -167,6 +175,10 @@ def register() -> None:
     if shared.become_root():
         _init_root()
     _registered = True
+    # Version checks first: a hooked module is checked when it is imported (at once if it
+    # already is), before it is patched; a mismatch stops the import, so vLLM does not start.
+    for module in compat.modules():
+        when_imported(module, compat.check)
     for module, patch in PATCHES.items():
         when_imported(module, patch)
 

@@ -19,6 +19,10 @@ from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
 from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
 from vllm_omni.worker.mixins import OmniWorkerMixin
 
+from hs_omni_cpu import trace
+
+DEFAULT_VOICE = "Chelsie"  # the default of Qwen2_5OmniForConditionalGeneration.forward
+
 
 class CPUARModelRunner(GPUARModelRunner, CPUModelRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -42,6 +46,21 @@ class _CPUOmniWorker(OmniWorkerMixin, CPUWorker):
         # vLLM-Omni's hooks live in its runners (the v2 CPU runner has none of them).
         self.use_v2_model_runner = False
         self.model_runner = self.model_runner_cls(self.vllm_config, torch.device("cpu"))
+        trace.trace_init(self.vllm_config)
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        trace.trace_step(self.vllm_config, scheduler_output)
+        return super().execute_model(scheduler_output, *args, **kwargs)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        # Qwen2.5-Omni's model sets its default voice on its first forward ("temporal hack",
+        # vllm_omni/model_executor/models/qwen2_5_omni/qwen2_5_omni.py); on GPU that is the
+        # warm-up forward, which vLLM's CPU worker skips for an eager model with a fixed KV
+        # size. Without it the talker's first real step fails on `voice_type`.
+        model = self.model_runner.get_model()
+        if hasattr(model, "talker") and not hasattr(model, "voice_type"):
+            model.voice_type = DEFAULT_VOICE
 
 
 class CPUARWorker(_CPUOmniWorker):

