@@ -99,6 +99,8 @@ class ServiceState:
     expectations: reconcile.Expectations = dataclasses.field(default_factory=reconcile.Expectations)
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     role_names: tuple[str, ...] | None = None  # the sidecar Role's ConfigMaps, as written
+    role_uid: str | None = None  # the Role's uid: patched only with it as a precondition
+    role_patched_at: float = -1e9  # monotonic time of the last Role write
     identity: bool = False  # the sidecars' ServiceAccount and RoleBinding exist and are ours
     # Objects of this OmniService's names held by someone else: kind/name → message.
     foreign: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -453,45 +455,72 @@ def _foreign_message(kind: str, name: str) -> str:
     )
 
 
+ROLE_BATCH_S = 1.0  # at most one Role write per this interval (nodes arriving in a burst)
+
+
 async def sync_identity(
     state: OperatorState,
     owner: builders.Owner,
     svc: ServiceState,
     configmaps: list[str],
     may_create: Callable[[], Awaitable[bool]],
-) -> bool:
-    """The sidecars' ServiceAccount, RoleBinding and Role (patch on the node ConfigMaps),
-    shared by all pods of the OmniService: three writes per OmniService, plus one Role patch
-    per pass that adds or removes ConfigMaps. True when the pods may be created."""
+) -> frozenset[str]:
+    """The sidecars' ServiceAccount, Role (patch on the node ConfigMaps) and RoleBinding,
+    shared by all pods of the OmniService: three writes per OmniService, plus at most one
+    Role patch per ROLE_BATCH_S while nodes come and go. Returns the ConfigMaps the Role
+    grants now: only their nodes may get a pod (empty without the identity)."""
     names = tuple(sorted(set(configmaps)))
+    granted = frozenset(svc.role_names or ()) if svc.identity else frozenset()
     if svc.identity and svc.role_names == names:
-        return True
+        return granted
+    if svc.identity and svc.role_names is not None and svc.role_uid:
+        wait = svc.role_patched_at + ROLE_BATCH_S - time.monotonic()
+        if wait > 0:  # batch: the nodes waiting for the Role get their pods a moment later
+            asyncio.get_running_loop().call_later(wait, svc.wake.set)
+            return granted
+        if set(names) - granted and not await may_create():
+            return granted
+        role = builders.sidecar_role(owner, list(names))
+        # A merge patch replaces the list (exactly these names, never an empty list); the uid
+        # precondition makes it fail on any Role but ours.
+        patch = {"metadata": {"uid": svc.role_uid}, "rules": role["rules"]}
+        try:
+            present = await state.kube.patch(role, patch)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            present = False  # replaced by another object of the name: check it anew
+        svc.role_patched_at = time.monotonic()
+        if present:
+            svc.role_names = names
+            return frozenset(names)
+        svc.identity, svc.role_names, svc.role_uid = False, None, None
     if not await may_create():
-        return False
+        return frozenset()
 
-    async def ensure(body: dict[str, Any]) -> Mapping[str, Any] | bool | None:
-        outcome, existing = await state.kube.create_owned(body, owner.uid)
+    async def ensure(body: dict[str, Any]) -> Mapping[str, Any] | None:
+        outcome, stored = await state.kube.create_owned(body, owner.uid)
         if outcome == "foreign":
             kind, name = body["kind"], body["metadata"]["name"]
             svc.foreign[f"{kind}/{name}"] = _foreign_message(kind, name)
-            return False
-        return existing if outcome == "ours" else None
+            return None
+        return stored or {}
 
-    if not svc.identity and await ensure(builders.sidecar_service_account(owner)) is False:
-        return False
+    if await ensure(builders.sidecar_service_account(owner)) is None:
+        return frozenset()
     # The Role before its RoleBinding: the API server checks a binding against its Role.
     role = builders.sidecar_role(owner, list(names))
-    existing = await ensure(role)
-    if existing is False:
-        return False
-    if existing is not None and existing.get("rules") != role["rules"]:
-        # A merge patch replaces the list: exactly these names, never an empty list.
-        await state.kube.patch(role, {"rules": role["rules"]})
-    svc.role_names = names
-    if not svc.identity and await ensure(builders.sidecar_role_binding(owner)) is False:
-        return False
+    stored = await ensure(role)
+    if stored is None:
+        return frozenset()
+    svc.role_uid = str((stored.get("metadata") or {}).get("uid") or "") or None
+    if stored.get("rules") != role["rules"]:
+        await state.kube.patch(role, {"metadata": {"uid": svc.role_uid}, "rules": role["rules"]})
+    svc.role_names, svc.role_patched_at = names, time.monotonic()
+    if await ensure(builders.sidecar_role_binding(owner)) is None:
+        return frozenset()
     svc.identity = True
-    return True
+    return frozenset(names)
 
 
 async def sync_service(
@@ -639,7 +668,7 @@ async def sync_pods(
         state, owner, svc, placement, states, pods, config.model, live
     )
     await sync_service(state, owner, svc, spec, live)
-    identity = await sync_identity(state, owner, svc, list(configmaps.values()), live)
+    granted = await sync_identity(state, owner, svc, list(configmaps.values()), live)
     if live.answer is False:
         log.info("%s/%s: being deleted (API server); creating nothing",
                  owner.namespace, owner.name)  # fmt: skip
@@ -652,7 +681,8 @@ async def sync_pods(
         state.post(owner, svc, "Conflict", "; ".join(conflicts))
     else:
         svc.posted.pop("Conflict", None)
-    ready_nodes = set(configmaps) if identity else set()
+    # A pod only where its ConfigMap exists and the sidecars' Role already grants it.
+    ready_nodes = {n for n, name in configmaps.items() if name in granted}
     selection = Selection(placement.selection.create & ready_nodes, placement.selection.keep)
     image = parsed.image or state.config.serving_image
     base_hash = parsed.template_hash or ""

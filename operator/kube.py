@@ -146,9 +146,13 @@ class Kube:
         self, obj: Mapping[str, Any], owner_uid: str
     ) -> tuple[Literal["created", "ours", "foreign"], Mapping[str, Any] | None]:
         """Create; when the name is taken, tell whether the stored object is ours (an owner
-        reference with `owner_uid`) and return it. A foreign object is never touched."""
-        if await self.create(obj) == "created":
-            return "created", None
+        reference with `owner_uid`). Returns the stored object (created or ours). A foreign
+        object is never touched."""
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        status, created = await self.request("POST", path, obj, ok=(409,))
+        if status != 409:
+            return "created", created
         existing = await self.get(obj)
         if existing is None:  # deleted in between: the next pass creates it
             return "foreign", None
