@@ -256,8 +256,9 @@ async def run_way(way: str, model: str, deploy: Path, tmp: Path, config_json: st
     cmd = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--omni",
            "--deploy-config", str(deploy), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=way_env(way, tmp, config_json), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)  # fmt: skip
+        env = way_env(way, tmp, config_json)
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=tmp)  # fmt: skip
     try:
         start_s = await wait_ready(port, proc, START_TIMEOUT_S)
         records = await burst(port, model)

@@ -29,7 +29,8 @@ class StartRefused(HookRefused):
 def scheduler_name(scheduler_cls: Any) -> str:
     if scheduler_cls is None or isinstance(scheduler_cls, str):
         return str(scheduler_cls)
-    return f"{getattr(scheduler_cls, '__module__', '?')}.{getattr(scheduler_cls, '__qualname__', scheduler_cls)}"
+    module = getattr(scheduler_cls, "__module__", "?")
+    return f"{module}.{getattr(scheduler_cls, '__qualname__', scheduler_cls)}"
 
 
 def is_horizon(scheduler_cls: Any) -> bool:
