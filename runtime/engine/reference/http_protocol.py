@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024
 PROBE_PATHS = frozenset({"/health", "/ready"})
+HEAD_LINE_BYTES = 8 * 1024  # the request line's allowance on top of the header bytes
 
 
 class _Refusal(h11.RemoteProtocolError):
@@ -135,6 +136,9 @@ class GuardedH11Protocol(H11Protocol):
     _header_timer: asyncio.TimerHandle | None = None
     _linger_timer: asyncio.TimerHandle | None = None
     _peer: str | None = None
+    _head_bytes = 0  # bytes of the request head received so far (while h11 waits for one)
+    _head_tail = b""  # its last 3 bytes
+    _refused = False
     refusal: tuple[int, str] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -175,6 +179,7 @@ class GuardedH11Protocol(H11Protocol):
                 f"headers: at most {self.max_headers} fields and {self.max_header_bytes} "
                 f"bytes (got {len(names)}, {size} bytes)",
             )
+        self._head_bytes, self._head_tail = 0, b""
         path = event.target.partition(b"?")[0]
         probe = event.method in (b"GET", b"HEAD") and path.decode("ascii", "replace") in (
             self.probe_paths
@@ -197,9 +202,33 @@ class GuardedH11Protocol(H11Protocol):
         self._linger_timer = self.loop.call_later(self.linger_s, self._raw_transport.close)
 
     def data_received(self, data: bytes) -> None:
-        if self._staged.lingering:
+        if self._staged.lingering or self._refused:
             return  # input after the response is discarded, never parsed
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            return
         super().data_received(data)
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Refuse (431, close) a request head longer than the bound before h11 parses it: a
+        complete 100 KB head of 10,000 fields would otherwise be parsed whole first."""
+        tail = self._head_tail  # a terminator may straddle two reads
+        end = (tail + data).find(b"\r\n\r\n")
+        self._head_bytes += len(data) if end < 0 else max(0, end - len(tail))
+        if self._head_bytes <= self.max_header_bytes + HEAD_LINE_BYTES:
+            if end >= 0:  # complete: h11 judges it (and its field count)
+                self._head_bytes, self._head_tail = 0, b""
+            else:
+                self._head_tail = (tail + data)[-3:]
+            return False
+        self._refused = True
+        message = f"headers: the request head is larger than {self.max_header_bytes} bytes"
+        body = json.dumps({"error": message, "field": "headers"}).encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self._raw_transport.close()  # the head is unread: nothing of it is parsed
+        return True
 
     # -- header deadline ------------------------------------------------------------------------
     def _arm_header_timer(self) -> None:

@@ -156,6 +156,26 @@ def test_header_floods_get_431_and_the_connection_closes(server: ApiServer, head
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["field"] == "headers"
 
 
+def test_a_10000_field_head_is_refused_before_it_is_parsed(server: ApiServer) -> None:
+    fields = b"".join(b"X-F%d: v\r\n" % i for i in range(10_000))  # 116 KB, one write
+    body = _body()
+    request = b"POST /v1/requests HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
+    with _connect(server) as s:
+        reply = _exchange(s, request + fields + b"\r\n" + body)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
+
+
+def test_a_head_split_at_its_end_and_a_large_body_are_served(server: ApiServer) -> None:
+    body = _body()[:-1] + b" " * 60_000 + b"}"  # valid JSON, 60 KB
+    head = b"POST /v1/requests HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    head += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with _connect(server) as s:
+        s.sendall(head[:-2])  # the terminator straddles two writes
+        time.sleep(0.2)
+        reply = _exchange(s, head[-2:] + body)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+
 def test_a_hundred_headers_are_still_served(server: ApiServer) -> None:
     headers = {f"X-H{i}": "v" for i in range(95)}  # + httpx's Host, Accept, ... = 100
     with httpx.Client(base_url=server.url, timeout=30) as c:
