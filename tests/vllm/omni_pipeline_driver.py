@@ -11,8 +11,8 @@ The ways (one server start each, the same deploy file, the same burst):
               (HORIZONSERVE_POLICY=priority);
   * horizon:  HorizonServe on (its stage schedulers in every stage).
 The model directory is served by path, as a model-cache PVC mounted into the pod would be.
-The burst: SPEECH requests (text + audio out) and then, TEXT_DELAY_S later, TEXT requests
-(text out), all streamed; the client records each request's first text token / first audio
+The burst: SPEECH requests (text + audio out) SPEECH_GAP_S apart, then TEXT requests (text
+out) right behind them, all streamed; the client records each request's first text token / first audio
 chunk. The test platform's workers trace what each stage was asked to run (HS_OMNI_TRACE).
 """
 
@@ -34,7 +34,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DEPLOY = ROOT / "runtime" / "engine" / "vllm_omni" / "deploy" / "qwen2_5_omni.yaml"
 WAYS = ("vanilla", "priority", "horizon")
-SPEECH, TEXT, TEXT_DELAY_S = 6, 4, 0.3
+SPEECH, TEXT = 6, 4
+SPEECH_GAP_S = 0.5  # speech deadlines 0.5 s apart: the talker's slack order is observable
+TEXT_DELAY_S = SPEECH * SPEECH_GAP_S  # the text prompts arrive behind the last speech one
 TEXT_MAX_TOKENS = 8
 # Thinker answer lengths of the speech requests, longest first: later speech requests reach
 # the talker first, so the talker's arrival order differs from the deadline order.
@@ -195,8 +197,11 @@ async def stream_chat(port: int, model: str, kind: str, idx: int, t0: float) -> 
 
 async def burst(port: int, model: str) -> list[dict[str, Any]]:
     t0 = time.monotonic()
-    speech = [asyncio.create_task(stream_chat(port, model, "speech", i, t0)) for i in range(SPEECH)]
-    await asyncio.sleep(TEXT_DELAY_S)
+    speech = []
+    for i in range(SPEECH):
+        speech.append(asyncio.create_task(stream_chat(port, model, "speech", i, t0)))
+        await asyncio.sleep(SPEECH_GAP_S)
+    await asyncio.sleep(max(0.0, TEXT_DELAY_S - SPEECH * SPEECH_GAP_S) + 0.1)
     text = [asyncio.create_task(stream_chat(port, model, "text", i, t0)) for i in range(TEXT)]
     return list(await asyncio.gather(*speech, *text))
 

