@@ -12,8 +12,9 @@ The ways (one server start each, the same deploy file, the same burst):
   * horizon:  HorizonServe on (its stage schedulers in every stage).
 The model directory is served by path, as a model-cache PVC mounted into the pod would be.
 The burst: SPEECH requests (text + audio out) SPEECH_GAP_S apart, then TEXT requests (text
-out) right behind them, all streamed; the client records each request's first text token / first audio
-chunk. The test platform's workers trace what each stage was asked to run (HS_OMNI_TRACE).
+out) right behind them, all streamed; the client records each request's first text token /
+first audio chunk. The test platform's workers trace what each stage was asked to run
+(HS_OMNI_TRACE).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def main() -> int:
             result = asyncio.run(run_async_omni(args.model, args.deploy))
         else:
             result = run_omni(args.model, args.deploy)
-    except Exception as exc:  # noqa: BLE001 - the result records how it failed
+    except Exception as exc:
         result = {"started": False, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
     trace = Path(os.environ.get("HS_OMNI_TRACE", "/nonexistent"))
