@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from horizonserve.runtime.config import (
@@ -50,8 +50,12 @@ from horizonserve.runtime.temporal import StepView, TemporalScheduler
 T = TypeVar("T")
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, kw_only=True)
 class StepDecision:
+    """One step's decision: the view, the SM split, and (asked once the engine knows its
+    running set and its batch) the preemption victim and the prefill's SMs. Every engine
+    consumes it in that order: `victim`, then the view, then `prefill_sms`."""
+
     view: StepView
     sm: SmDecision
     pressure: float | None  # B̂ after this step's sample
@@ -60,6 +64,26 @@ class StepDecision:
     # side None while the shared stage holds its SMs).
     shared_slack: float | None = None
     downstream_slack: float | None = None
+    now: float = 0.0
+    backlog: bool = False  # the running set was full with requests waiting
+    policy: SchedulingPolicy | None = field(default=None, repr=False, compare=False)
+
+    def victim(
+        self,
+        running: Iterable[T],
+        signals: Callable[[T], RequestSignals],
+        handed_off: Callable[[T], bool],
+        next_free_s: float = 0.0,
+    ) -> T | None:
+        """The running request to preempt for a waiting short-path prompt, or None: only on
+        a backlogged step (`SchedulingPolicy.preemption_victim`)."""
+        if not self.backlog or self.policy is None or not self.policy.preemption:
+            return None
+        return self.policy.preemption_victim(running, self.now, signals, handed_off, next_free_s)
+
+    def prefill_sms(self, prompts: Iterable[RequestSignals]) -> int:
+        """SMs for the prefill of the prompts the step admitted (`SchedulingPolicy.prefill_sms`)."""
+        return SchedulingPolicy.prefill_sms(self.sm, prompts, self.now)
 
 
 class SchedulingPolicy:
@@ -146,21 +170,26 @@ class SchedulingPolicy:
         downstream_active: bool,
         pressure_sample: float | None = None,
         backlog: bool = False,
-        running: Iterable[RequestSignals] = (),
-        downstream_slack: float | None = None,
+        running: Iterable[RequestSignals] | Callable[[], Iterable[RequestSignals]] = (),
+        downstream_slack: float | Callable[[], float | None] | None = None,
     ) -> StepDecision:
         """Refresh signals, build the view, select the SM split (Algorithm 1, steps 1–3).
 
         `backlog`: the engine's running set is full while requests wait for a place.
-        `running`, `downstream_slack` (read only when `slack_split`): the shared stage's
-        running requests whose first response is still pending here (prefilling short-path,
-        long-path before the hand-off), and the downstream side's smallest slack ratio
-        (`downstream_slack` over its stages; None when none has a first response pending).
+        `running`, `downstream_slack`: the shared stage's running requests whose first
+        response is still pending here (prefilling short-path, long-path before the hand-off),
+        and the downstream side's smallest slack ratio (None when no downstream stage has a
+        first response pending). Engines pass them as callables: they are read only when the
+        split reads them (`slack_split`, downstream stages active).
         """
         pressure = self.spatial.observe(pressure_sample)
         view = self.temporal.plan(now)
         shared_slack = None
         if self.slack_split:
+            if callable(running):
+                running = running() if downstream_active else ()
+            if callable(downstream_slack):
+                downstream_slack = downstream_slack() if downstream_active else None
             shared_slack = self._shared_slack(now, running)
             if backlog:
                 self._backlog_at = now
@@ -169,7 +198,16 @@ class SchedulingPolicy:
         else:
             downstream_slack = None  # not read without the slack split
         sm = self.spatial.select(downstream_active, backlog, shared_slack, downstream_slack)
-        return StepDecision(view, sm, pressure, shared_slack, downstream_slack)
+        return StepDecision(
+            view=view,
+            sm=sm,
+            pressure=pressure,
+            shared_slack=shared_slack,
+            downstream_slack=downstream_slack,
+            now=now,
+            backlog=backlog,
+            policy=self,
+        )
 
     def _shared_holds(self, now: float) -> bool:
         """The shared stage is the bottleneck: prompts wait for their prefill, or its running
@@ -188,7 +226,7 @@ class SchedulingPolicy:
             return -math.inf
         best: float | None = None
         for sig in running:
-            u = sig.slack_ratio(now)
+            u = (sig.deadline - now) / sig.remaining_s()  # sig.slack_ratio(now), inlined
             if best is None or u < best:
                 best = u
         waiting = temporal.earliest_waiting_slack(now)

@@ -37,7 +37,6 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -45,7 +44,7 @@ from horizonserve.runtime.calibrate.artifact import DownstreamStageCalibration
 from horizonserve.runtime.config import Metric, Path
 from horizonserve.runtime.downstream import Stamp, realtime_streams
 from horizonserve.runtime.policy import SchedulingPolicy, make_policy
-from horizonserve.runtime.profiler import InputFeatures, RequestSignals
+from horizonserve.runtime.profiler import InputFeatures
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
 from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of, sync_sig
@@ -59,7 +58,6 @@ from horizonserve.runtime.spatial import (
     OPEN,
     RESERVED,
     UNCAPPED,
-    SmDecision,
     partitioned,
 )
 from horizonserve.runtime.workload import Trace
@@ -267,21 +265,13 @@ class Simulator:
         # reference engine (one KV slot per sequence) and vLLM (max_num_running_reqs) count
         # slots too.
         backlog = len(shared.running) >= shared.max_seqs and bool(shared.waiting)
-        running: Iterable[RequestSignals] = ()
-        down_slack = None
-        if active and self.policy.slack_split:
-            running = (sync_sig(r) for r in shared.running if _first_pending(r))
-            for stage in self.stages:
-                u = stage.min_slack(now)
-                if u is not None and (down_slack is None or u < down_slack):
-                    down_slack = u
         dec = self.policy.step(
             now,
             downstream_active=active,
             pressure_sample=sample,
             backlog=backlog,
-            running=running,
-            downstream_slack=down_slack,
+            running=lambda: (sync_sig(r) for r in shared.running if _first_pending(r)),
+            downstream_slack=lambda: self._downstream_slack(now),
         )
         sm = dec.sm
         level = sm.level
@@ -300,7 +290,7 @@ class Simulator:
         self.level = level
         if backlog and self.preemptive:
             tpot = self.cost.iteration_s(sms, len(shared.running), 0, 0, active, sharing, False)
-            shared.preempt_for_urgent(self.policy, now, tpot)
+            shared.preempt_for_urgent(dec, self.policy, tpot)
         batch = shared.form_batch(dec.view, self.policy)
         if not batch.seqs:
             self.busy = False
@@ -309,8 +299,9 @@ class Simulator:
                 self._push(now + _POLL_S, _POLL)
             return
         prefill_sms = sms
-        if sm.prefill != sm.shared and batch.chunks:  # a boost is possible: ask the policy
-            prefill_sms = self._prefill_sms(sm, batch, now)
+        if sm.prefill != sm.shared and batch.chunks:  # a boost is possible: ask the decision
+            # Every chunk counts: a continuation of an urgent prompt is still urgent.
+            prefill_sms = dec.prefill_sms(sig_of(req) for req, _ in batch.chunks)
         # The decode step's rows: every sequence of a one-pass iteration, or only those
         # already running when the prefill is its own call (`prefill_then_decode`).
         seqs = len(batch.decodes) if self.split else batch.seqs
@@ -354,10 +345,14 @@ class Simulator:
             )  # fmt: skip
         self._push(now + dur, _SHARED_DONE)
 
-    def _prefill_sms(self, sm: SmDecision, batch: Batch, now: float) -> int:
-        """SMs of this iteration's prefill part. Every chunk counts: a continuation of an
-        urgent prompt is still urgent (urgency only grows with time)."""
-        return self.policy.prefill_sms(sm, (sig_of(req) for req, _ in batch.chunks), now)
+    def _downstream_slack(self, now: float) -> float | None:
+        """The downstream side's smallest slack ratio over its stages (None: none pending)."""
+        best = None
+        for stage in self.stages:
+            u = stage.min_slack(now)
+            if u is not None and (best is None or u < best):
+                best = u
+        return best
 
     def _on_prefill_done(self, now: float) -> None:
         """The boosted prefill part ended: the decode part runs inside the partition."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
-from horizonserve.runtime.policy import SchedulingPolicy
+from horizonserve.runtime.policy import SchedulingPolicy, StepDecision
 from horizonserve.runtime.profiler import RequestSignals
 from horizonserve.runtime.sim.request import SimRequest, sig_of, sync_sig
 from horizonserve.runtime.temporal import StepView
@@ -79,18 +79,17 @@ class SharedStage:
         return max(left, 0) * tpot_s
 
     def preempt_for_urgent(
-        self, policy: SchedulingPolicy, now: float, tpot_s: float
+        self, decision: StepDecision, policy: SchedulingPolicy, tpot_s: float
     ) -> SimRequest | None:
-        """With every slot taken: preempt the policy's victim, if it names one (call after
-        `policy.step`, before `form_batch`; `tpot_s`: the current step time). The victim
-        waits again as a continuation."""
+        """With every slot taken: preempt the step's victim, if it names one (`decision`, as
+        `policy.step` returned it, before `form_batch`; `tpot_s`: the current step time). The
+        victim waits again as a continuation."""
         if len(self.running) < self.max_seqs:
             return None
-        victim = policy.preemption_victim(
-            self.running, now, sync_sig, _handed, self._next_free_s(tpot_s)
-        )
+        victim = decision.victim(self.running, sync_sig, _handed, self._next_free_s(tpot_s))
         if victim is None:
             return None
+        now = decision.now
         self.running.remove(victim)
         self.kv_used -= victim.kv_need
         victim.preempt()

@@ -120,3 +120,41 @@ def test_late_prefills_follow_on_time_ones_under_horizonserve_only(
     expected = [new, old] if late_last else [old, new]
     assert list(view.iter_visible([old, new], _ident)) == expected
     assert view.split([old, new], _ident) == (expected, [])
+
+
+def test_the_step_reads_the_split_inputs_only_when_the_split_does() -> None:
+    """Engines pass the running set and the downstream slack as callables: a policy without
+    the slack split, or a step with no downstream stage active, never calls them."""
+    calls: list[str] = []
+
+    def running() -> list:
+        calls.append("running")
+        return []
+
+    def down() -> float:
+        calls.append("down")
+        return 1.0
+
+    for name, active in (("fcfs", True), ("horizon-no-throttling", True), ("horizon", False)):
+        make_policy(name, make_config()).step(
+            0.0, downstream_active=active, running=running, downstream_slack=down
+        )
+    assert calls == []
+    decision = make_policy("horizon", make_config()).step(
+        0.0, downstream_active=True, running=running, downstream_slack=down
+    )
+    assert calls == ["running", "down"] and decision.downstream_slack == 1.0
+
+
+def test_one_decision_carries_the_victim_and_the_prefill_sms() -> None:
+    policy = make_policy("horizon", make_config())
+    text = policy.admit("t", 0.0, priority=0)
+    quiet = policy.step(0.01, downstream_active=True, pressure_sample=0.2)
+    assert quiet.prefill_sms([text]) == policy.prefill_sms(quiet.sm, [text], 0.01)
+    # No backlog: no victim, whatever runs.
+    long_sig = policy.profiler.annotate("l", 0.0, priority=10)
+    assert quiet.victim([long_sig], _ident, lambda s: False) is None
+    no_pre = make_policy("horizon-no-preemption", make_config())
+    no_pre.admit("t", 0.0, priority=0)
+    backlogged = no_pre.step(0.01, downstream_active=True, backlog=True)
+    assert backlogged.victim([long_sig], _ident, lambda s: False) is None

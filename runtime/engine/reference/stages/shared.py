@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,33 +198,24 @@ class SharedStage:
         sample = self._pressure()
         batcher = self.batcher
         backlog = bool(self.waiting) and len(batcher.running) >= batcher.limits.max_batch
-        policy = self.policy
-        running: Iterable[RequestSignals] = ()
-        down_slack = None
-        if active and policy.slack_split:  # the split reads both sides' slack (no list built)
-            running = (s.payload.sig for s in batcher.running if s.payload.admit.downstream)
-            down_slack = self._downstream_slack()
-        decision = policy.step(
+        decision = self.policy.step(
             now,
             downstream_active=active > 0,
             pressure_sample=sample,
             backlog=backlog,
-            running=running,
-            downstream_slack=down_slack,
+            running=lambda: (s.payload.sig for s in batcher.running if s.payload.admit.downstream),
+            downstream_slack=self._downstream_slack,
         )
         sm = decision.sm
         self._publish(decision, sample)
-        if backlog and policy.preemption:
-            self._preempt_for_urgent(now)
+        self._preempt_for_urgent(decision)
 
         plan = batcher.plan(
             decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
         )
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
         prefill_sms = (
-            self.policy.prefill_sms(sm, map(_signals, plan.prefill), now)
-            if plan.prefill
-            else sm.shared
+            decision.prefill_sms(map(_signals, plan.prefill)) if plan.prefill else sm.shared
         )
         t0 = self._clock()
         for seq in plan.prefill:
@@ -288,15 +279,15 @@ class SharedStage:
         self.flush_trace()
         return decision
 
-    def _preempt_for_urgent(self, now: float) -> None:
-        """The policy's victim (if it names one) leaves the running set, its KV slot freed,
+    def _preempt_for_urgent(self, decision: StepDecision) -> None:
+        """The step's victim (if it names one) leaves the running set, its KV slot freed,
         and waits again as a decode continuation that re-prefills its prompt and the tokens it
         generated (recompute, as vLLM does)."""
-        batcher = self.batcher
+        if not (decision.backlog and self.policy.preemption):
+            return
+        batcher, now = self.batcher, decision.now
         next_free = min(s.target - s.generated for s in batcher.running) * self._step_s
-        victim = self.policy.preemption_victim(
-            batcher.running, now, _signals, _never_handed, next_free
-        )
+        victim = decision.victim(batcher.running, _signals, _never_handed, next_free)
         if victim is None:
             return
         batcher.finish(victim)
