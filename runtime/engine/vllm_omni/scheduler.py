@@ -376,13 +376,19 @@ class SharedStageController:
             record.downstream_active_total(now_ns, self.max_age_ns) if record is not None else 0
         )
         sample = self.pressure() if self.pressure is not None else None
-        decision = self.policy.step(
+        policy = self.policy
+        running: list[RequestSignals] = []
+        down_slack = None
+        if active and policy.slack_split and record is not None:  # the split reads both sides
+            running = _first_pending(sched.running)
+            down_slack = record.downstream_min_slack(now_ns, self.max_age_ns)
+        decision = policy.step(
             now_ns * 1e-9,
             downstream_active=active > 0,
             pressure_sample=sample,
             backlog=backlogged(sched, queued),
-            running=lambda: _first_pending(sched.running),
-            downstream_slack=lambda: record.downstream_min_slack(now_ns, self.max_age_ns),
+            running=running,
+            downstream_slack=down_slack,
         )
         self._step_ns, self._sample = now_ns, sample
         self.steps += 1
@@ -674,7 +680,7 @@ class SharedStageController:
     def run(self, sched: Any, base_schedule: Callable[[bool], Any], throttle: bool) -> Any:
         decision = self.begin_step(sched)
         victims = self.preempt(sched)
-        if self.victim_order and len(sched.running) > 1:
+        if self.victim_order and len(sched.running) > 1 and _kv_may_preempt(sched):
             order_running(sched.running, self._step_ns * 1e-9, _sig, self._handed_off_any)
         token = self.hide(sched, decision.view, victims)
         if token is None:
@@ -747,6 +753,13 @@ def _next_free_s(running: list) -> float:
         if t < best:
             best = t
     return 0.0 if best == math.inf else best
+
+
+def _kv_may_preempt(sched: Any) -> bool:
+    """vLLM's KV preemption may act this step: fewer free blocks than the running requests
+    could take (one block boundary each, plus the token budget's prefill chunks). O(1)."""
+    need = len(sched.running) + -(-sched.max_num_scheduled_tokens // sched.block_size)
+    return sched.kv_cache_manager.block_pool.get_num_free_blocks() <= need
 
 
 def _first_chunk_blocks(sched: Any, requests: list) -> int:
