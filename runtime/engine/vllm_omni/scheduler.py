@@ -376,19 +376,13 @@ class SharedStageController:
             record.downstream_active_total(now_ns, self.max_age_ns) if record is not None else 0
         )
         sample = self.pressure() if self.pressure is not None else None
-        policy = self.policy
-        running: list[RequestSignals] = []
-        down_slack = None
-        if active and policy.slack_split and record is not None:  # the split reads both sides
-            running = _first_pending(sched.running)
-            down_slack = record.downstream_min_slack(now_ns, self.max_age_ns)
-        decision = policy.step(
+        decision = self.policy.step(
             now_ns * 1e-9,
             downstream_active=active > 0,
             pressure_sample=sample,
             backlog=backlogged(sched, queued),
-            running=running,
-            downstream_slack=down_slack,
+            running=lambda: _first_pending(sched.running),
+            downstream_slack=lambda: record.downstream_min_slack(now_ns, self.max_age_ns),
         )
         self._step_ns, self._sample = now_ns, sample
         self.steps += 1
