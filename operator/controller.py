@@ -598,8 +598,10 @@ async def owner_live(kube: Kube, owner: builders.Owner) -> bool:
 
 
 class _LiveGate:
-    """`still_live`, asked at most once per pass (the first time something is to be created);
-    False at once when kopf's view already shows the deletion."""
+    """`still_live`, asked before a create unless asked within LIVE_TTL_S (a pass's
+    phases, ConfigMaps, Service, identity and pods, each ask anew when the one before took
+    longer); False at once when kopf's view already shows the deletion, and for good once
+    the API server said so."""
 
     def __init__(
         self, still_live: Callable[[], Awaitable[bool]] | None, meta: Mapping[str, Any] | None
@@ -607,18 +609,25 @@ class _LiveGate:
         self._ask = still_live
         self._meta = meta
         self._answer: bool | None = None
+        self._at = 0.0
 
     @property
     def answer(self) -> bool | None:
-        """What the API server said (None: not asked in this pass)."""
+        """What the API server said last (None: not asked in this pass)."""
         return self._answer
 
     async def __call__(self) -> bool:
-        if _deleting(self._meta):
+        if _deleting(self._meta) or self._answer is False:
             return False
-        if self._answer is None:
-            self._answer = True if self._ask is None else await self._ask()
+        if self._ask is None:
+            return True
+        if self._answer is None or time.monotonic() - self._at > LIVE_TTL_S:
+            self._answer = await self._ask()
+            self._at = time.monotonic()
         return self._answer
+
+
+LIVE_TTL_S = 0.25
 
 
 def _all_pods(pods_index: Mapping[tuple[str, str], Iterable[PodState]]) -> list[PodState]:
