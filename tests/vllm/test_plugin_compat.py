@@ -160,3 +160,12 @@ def test_the_real_scheduler_config_is_guarded_by_register(
     monkeypatch.setattr(SchedulerConfig, "get_scheduler_cls", SchedulerConfig.get_scheduler_cls)
     plugin.register()
     assert getattr(SchedulerConfig.get_scheduler_cls, start_guard.WRAPPED, False)
+
+
+def test_a_moved_module_is_refused_at_start() -> None:
+    """A hooked module that no longer exists would never be patched (silently): refused."""
+    compat = _compat()
+    moved = (compat.Hook("vllm.v1.worker.gpu_model_runner_v0", "graph_capture", "callable"),)
+    with pytest.raises(compat.IncompatibleVersion, match="module no longer exists"):
+        compat.check_present(moved)
+    compat.check_present()  # the installed release has every hooked module

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import sys
 from collections.abc import Iterable
@@ -102,6 +103,10 @@ HOOKS: tuple[Hook, ...] = (
          "callable", ("self",)),
     Hook("vllm_omni.diffusion.diffusion_engine", "DiffusionEngine.step_streaming", "callable",
          ("self",)),
+    Hook("vllm.v1.worker.gpu_model_runner", "graph_capture", "callable",
+         ("device", "graph_capture_context"), "CUDA graphs are captured on the SM level's stream"),
+    Hook("vllm.v1.worker.gpu.cudagraph_utils", "graph_capture", "callable",
+         ("device", "graph_capture_context")),
     # the start guard (start_guard.py)
     Hook("vllm.config.scheduler", "SchedulerConfig.get_scheduler_cls", "callable", ("self",),
          "every engine core resolves its scheduler here"),
@@ -190,6 +195,20 @@ def check(module: ModuleType, hooks: Iterable[Hook] = HOOKS) -> None:
             what = problem(hook, module)
             if what is not None:
                 raise _refuse(hook, what)
+
+
+def check_present(hooks: Iterable[Hook] = HOOKS) -> None:
+    """Refuse when a hooked module no longer exists (its hooks would never run: a moved
+    module is silent, not an error). Finds modules without importing them (their parent
+    packages are imported); a module whose parent fails to import here is left to `check`."""
+    for name in modules(hooks):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except Exception:  # a parent package that does not import on this host
+            continue
+        if not found:
+            hook = next(h for h in hooks if h.module == name)
+            raise _refuse(hook, "is gone (its module no longer exists)")
 
 
 def check_importable(hooks: Iterable[Hook] = HOOKS) -> list[str]:

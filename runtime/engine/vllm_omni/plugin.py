@@ -80,6 +80,7 @@ def _init_root() -> None:
                 f"{settings.PIPELINE_ENV} (qwen2_5_omni, mimo_audio or bagel)"
             )
         env[settings.PIPELINE_ENV] = guessed
+    compat.check_present()  # a hooked module moved: refuse now, not silently later
     config = settings.resolve_config()
     settings.Knobs.from_env()  # fail now on a bad knob, not in a stage process
     env[settings.RESOLVED_CONFIG_ENV] = config.model_dump_json()
