@@ -265,6 +265,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "control_overrides": control_knobs(args.control),
         "drain": {"slack_s": args.drain_slack, "idle_cap_s": args.idle_cap},
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "provenance": plan_provenance(config, items),
         "points": points,
         "items": items,
     }
@@ -451,6 +452,21 @@ def unrecorded_control(plan: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k not in recorded}
 
 
+def plan_provenance(config: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The commit that wrote the plan, and each policy's fully resolved control under it."""
+    from horizonserve.runtime.bench.provenance import git_commit, resolved
+
+    policies = sorted({i["policy"] for i in items})
+    controls = {p: resolved(config.model_copy(update={"policy": p}))["control"] for p in policies}
+    return {**git_commit(), "control": controls}
+
+
+def git_commit() -> dict[str, Any]:
+    from horizonserve.runtime.bench.provenance import git_commit as commit
+
+    return commit()
+
+
 def plan_config(plan: dict[str, Any]) -> Any:
     """The ServingConfig `plan` recorded; a plan before the policy axes has its boolean knobs
     read as axes and verdicts (`calibrate.legacy.recorded_control`)."""
@@ -484,6 +500,8 @@ class Campaign:
         self.summary: dict[str, Any] = {
             "plan_sha256": args.plan_sha256,
             "command": " ".join(sys.argv),
+            # The code this session ran (a replay checks it out: runtime.bench.provenance).
+            "provenance": git_commit(),
             "budget_s": args.budget_s,
             "env": {},
             "items": {},

@@ -2,6 +2,10 @@
 
 horizonserve sim run --system horizon --rate 5
 horizonserve sim plan --target 0.9 --mix text-text=3,text-speech=1
+horizonserve sim replay RUN.json   (the recorded command, at the commit that ran it)
+
+Every --json output records its provenance (`bench.provenance.record`): the git commit, the
+command line and the fully resolved ServingConfig.
 """
 
 from __future__ import annotations
@@ -133,6 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--start", type=ck.positive, default=1.0, help="first rate tried, req/s")
     p.add_argument("--jobs", type=ck.positive_int, help="worker processes (default: all cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp = sub.add_parser(
+        "replay", help="run a recorded simulation again with the code of the commit that ran it"
+    )
+    rp.add_argument("record", type=Path, help="a `sim run --json` output")
 
 
 def artifact_info(path: str | None) -> dict[str, Any]:
@@ -209,7 +217,60 @@ def _plan_slo(setup: SimSetup, path: Path, pipeline: str) -> SimSetup:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "replay":
+        return _replay(args.record)
     return _run(args) if args.action == "run" else _plan(args)
+
+
+def _replay(path: Path) -> int:
+    """The recorded `sim run` again at its commit; 0 when every class's attainment matches."""
+    import tempfile
+
+    from horizonserve.runtime.bench.provenance import run_at
+
+    try:
+        data = json.loads(path.read_text())
+        prov = data["provenance"]
+        commit, argv = prov["commit"], list(prov["argv"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a recorded `sim run --json` output ({exc})") from None
+    if commit is None or argv[:2] != ["sim", "run"]:
+        raise ValueError(f"{path}: records no commit or no `sim run` command; cannot replay it")
+    if prov.get("dirty"):
+        print(f"note: {path} ran with uncommitted changes to {commit[:12]}; they are not replayed")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "replay.json"
+        argv = [*_without_json(argv), "--json", str(out)]
+        proc = run_at(commit, argv)
+        if proc.returncode != 0 or not out.exists():
+            print(proc.stdout + proc.stderr, file=sys.stderr)
+            raise ValueError(f"replay at {commit[:12]} failed (exit {proc.returncode})")
+        again = json.loads(out.read_text())
+    was, now = _attainment(data), _attainment(again)
+    print(f"replayed {path} at {commit[:12]}: {' '.join(argv[:-2])}")
+    print(f"{'class':<22}{'recorded':>10}{'replayed':>10}")
+    for name in sorted(set(was) | set(now)):
+        print(f"{name:<22}{_p(was.get(name)):>10}{_p(now.get(name)):>10}")
+    same = was == now
+    print("same per-class attainment" if same else "DIFFERS from the record")
+    return 0 if same else 1
+
+
+def _without_json(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--json":
+            skip = True
+        elif not a.startswith("--json="):
+            out.append(a)
+    return out
+
+
+def _attainment(data: dict[str, Any]) -> dict[str, float | None]:
+    return {k: c["attainment"] for k, c in data["summary"]["classes"].items()}
 
 
 def _dump(path: Path | None, data: dict[str, Any]) -> None:
@@ -271,8 +332,37 @@ def _run(args: argparse.Namespace) -> int:
         )
     data = result.to_json()
     data["summary"] = s
+    data["provenance"] = {**_provenance(setup, args.system), "argv": _run_argv(args)}
     _dump(args.json, data)
     return 0
+
+
+def _run_argv(args: argparse.Namespace) -> list[str]:
+    """The `sim run` command line that runs `args` again (every option spelled out)."""
+    argv = ["sim", "run", "--pipeline", args.pipeline, "--system", args.system]
+    argv += ["--rate", repr(args.rate), "--duration", repr(args.duration)]
+    argv += ["--seed", str(args.seed), "--burstiness", repr(args.burstiness)]
+    argv += ["--slo-multiplier", repr(args.slo_multiplier), "--slo", args.slo]
+    if args.artifact:
+        argv += ["--artifact", str(args.artifact)]
+    if args.mix:
+        argv += ["--mix", ",".join(f"{k}={v!r}" for k, v in args.mix.items())]
+    if args.long_ratio is not None:
+        argv += ["--long-ratio", repr(args.long_ratio)]
+    if getattr(args, "slo_plan", None) is not None:
+        argv += ["--slo-plan", str(args.slo_plan)]
+    for key, value in args.control or ():
+        argv += ["--control", f"{key}={value}"]
+    if args.trace:
+        argv.append("--trace")
+    return argv
+
+
+def _provenance(setup: Any, system: str) -> dict[str, Any]:
+    from horizonserve.runtime.bench.provenance import record
+    from horizonserve.runtime.sim.systems import get_system
+
+    return record(setup.serving_config(get_system(system).policy))
 
 
 RUN_COLUMNS = (
@@ -375,6 +465,10 @@ def _plan_one(args: argparse.Namespace, pipeline: str, several: bool) -> dict[st
         "seeds": args.seeds,
         "burstiness": args.burstiness,
         "control_overrides": overrides,
+        "provenance": {
+            **_provenance(setup, "horizon"),
+            "systems": {s: _provenance(setup, s)["serving_config"]["control"] for s in systems},
+        },
         "wall_s": wall,
         "systems": [r.to_json() for r in results],
     }
