@@ -570,6 +570,11 @@ class PolicyName(StrEnum):
     NO_THROTTLING = "horizon-no-throttling"
     NO_DOWNSTREAM = "horizon-no-downstream"
     NO_PREEMPTION = "horizon-no-preemption"
+    # The 2026 co-location baselines (`runtime.baselines`: what each adds to its axes).
+    SHED = "shed"  # FCFS with vLLM's queue limits: refused requests are misses
+    SHED_EDF = "shed-edf"  # EDF with the same limits
+    VLLM_OMNI_CURRENT = "vllm-omni-current"  # bounded-K EDF talker window, DTPS tiers
+    MPS_STATIC = "mps-static"  # a fixed SM share per stage process, no control
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,6 +624,10 @@ PRESETS: dict[PolicyName, Preset] = {
     PolicyName.NO_THROTTLING: Preset({"sm_split": SmSplit.UNCAPPED}, mps=True),
     PolicyName.NO_DOWNSTREAM: Preset({"downstream": DownstreamOrder.FIFO}),
     PolicyName.NO_PREEMPTION: Preset({"preemption": Preemption.NONE}),
+    PolicyName.SHED: Preset(_BASELINE, mps=True, baseline=True),
+    PolicyName.SHED_EDF: Preset(_EDF, mps=True, baseline=True),
+    PolicyName.VLLM_OMNI_CURRENT: Preset(_BASELINE, mps=True, baseline=True),
+    PolicyName.MPS_STATIC: Preset(_BASELINE, mps=True, baseline=True),
 }
 
 

@@ -37,6 +37,7 @@ import itertools
 import math
 import random
 import time
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from horizonserve.runtime.config import Metric, Path
 from horizonserve.runtime.downstream import Stamp, realtime_streams
 from horizonserve.runtime.policy import SchedulingPolicy, make_policy
 from horizonserve.runtime.profiler import InputFeatures
+from horizonserve.runtime.sim.baselines import BaselineHooks
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.model import DownstreamCost, PressureModel, SharedCost, Sharing
 from horizonserve.runtime.sim.request import NOT_YET, SimRequest, sig_of, sync_sig
@@ -87,6 +89,7 @@ class Simulator:
         record_trace: bool = False,
         solo: bool = False,
         record_steps: bool = False,
+        baseline: dict[str, Any] | None = None,
     ) -> None:
         self.setup = setup
         self.trace = trace
@@ -97,6 +100,8 @@ class Simulator:
         self.policy = _make_policy(setup, self.system)
         self.shared = SharedStage(cal.shared)
         self.cost = SharedCost(cal)
+        self.hooks = BaselineHooks(self, **(baseline or {}))  # `runtime.baselines`' rules
+        self.shared.reorder = self.hooks.reorder()
         self.pressure = PressureModel(cal)
         self.noise_sd = cal.pressure.noise_sd
         self.rng = random.Random(seed)
@@ -169,11 +174,14 @@ class Simulator:
                 return cost.step_s(b, down, True, ladder.s_cap, Sharing.PARTITION)
 
             limit = realtime_streams(step_s, 1.0 / cal.work_per_audio_second, cal.max_batch)
+        queue = self.policy.downstream_queue()
+        if self.hooks.active:
+            queue, limit = self.hooks.stage(cal, cost, queue, limit)
         return FluidStage(
             i,
             cost,
             self._schedule_down,
-            self.policy.downstream_queue(),
+            queue,
             limit,
             reject_late=self.policy.reject_late and i == 0,  # refused at the hand-off
             places=self.policy.place_admission and cal.work_per_audio_second > 0,
@@ -233,6 +241,8 @@ class Simulator:
             self._push(float(self.trace.arrival[i + 1]), _ARRIVAL, i + 1)
         if not self.shared.fits_ever(req):
             return  # can never be admitted: counted as a miss
+        if self.hooks.active and not self.hooks.admit(req):
+            return  # refused by the queue limits (shed): counted as a miss
         req.sig = self.policy.admit(
             str(i), now, class_name=self._class_meta[req.cls][2], features=features
         )
@@ -284,6 +294,8 @@ class Simulator:
         else:  # LIFTED (the one level left): S_aggr over the downstream's SMs (MPS clients
             # under the Green Contexts, as a boosted prefill); the downstream keeps S_tot − S_cap.
             sms, down, sharing = sm.shared, self.lifted_down_sms, _MPS
+        if self.hooks.active:
+            sms, down, sharing = self.hooks.split(now, sms, down, sharing)
         # A Green Context switch is paid when the SM count changes (S_aggr ↔ LIFTED: none).
         switched = self.prev_decided_sms is not None and sms != self.prev_decided_sms
         self.prev_decided_sms = sms
@@ -391,6 +403,8 @@ class Simulator:
                 self._progress(req, now)
             elif req.prefilled >= req.prompt:
                 first = self.prefill_end if self.split else now  # the prefill call's end
+                if self.hooks.active:
+                    self.hooks.prefilled(req)
                 if req.decode_len > 0:
                     req.decoded = 1
                     req.first_token = first
@@ -419,6 +433,8 @@ class Simulator:
             self._submit(0, req, now, head=True, from_chunk=False)
         if req.decoded >= req.decode_len and req.prefilled >= req.prompt:
             self.shared.release(req)
+            if self.hooks.active:
+                self.hooks.finished(req)
 
     # -- downstream chain ----------------------------------------------------------------------
     def _submit(self, k: int, req: SimRequest, now: float, head: bool, from_chunk: bool) -> None:
@@ -466,7 +482,8 @@ class Simulator:
         if self.busy:
             stage.rerate(now, self.down_sms, True, self.sms, self.sharing, force)
         else:
-            stage.rerate(now, self.total_sms, False, self.total_sms, self.sharing, force)
+            down = self.hooks.idle_down_sms(self.total_sms)
+            stage.rerate(now, down, False, self.total_sms, self.sharing, force)
 
     def _rerate_all(self, now: float) -> None:
         for stage in self.stages:
@@ -564,6 +581,7 @@ class Simulator:
         stats["downstream_paused"] = float(sum(s.paused for s in self.stages))
         stats["underruns"] = float(sum(s.underruns for s in self.stages))
         stats["preemptions"] = float(self.shared.preemptions)
+        stats.update(self.hooks.stats())
         return SimResult(
             system=self.system.name,
             pipeline=setup.spec.name,
@@ -606,9 +624,18 @@ def simulate(
     seed: int = 0,
     record_trace: bool = False,
     record_steps: bool = False,
+    baseline: dict[str, Any] | None = None,
 ) -> SimResult:
-    """Run `trace` through `system` on the simulated GPU (see module docstring)."""
+    """Run `trace` through `system` on the simulated GPU (see module docstring). `baseline`:
+    keyword settings of the 2026 baselines' rules (`sim.baselines.BaselineHooks`: limits,
+    share, window)."""
     sim = Simulator(
-        setup, trace, system, seed=seed, record_trace=record_trace, record_steps=record_steps
+        setup,
+        trace,
+        system,
+        seed=seed,
+        record_trace=record_trace,
+        record_steps=record_steps,
+        baseline=baseline,
     )
     return sim.run()

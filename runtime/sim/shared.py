@@ -17,6 +17,7 @@ decode continuation that re-prefills its prompt and decoded tokens (vLLM's recom
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
@@ -49,6 +50,7 @@ class SharedStage:
         "max_seqs",
         "max_tokens",
         "preemptions",
+        "reorder",
         "running",
         "waiting",
     )
@@ -64,6 +66,8 @@ class SharedStage:
         self.waiting: dict[RequestSignals, SimRequest] = {}
         self.preemptions = 0
         self.buckets = tuple(cal.prefill_buckets) if cal.prefill_buckets else ()
+        # A baseline's reordering of the visible waiting requests (DTPS tiers), or None.
+        self.reorder: Callable[[list[SimRequest]], list[SimRequest]] | None = None
 
     @property
     def has_work(self) -> bool:
@@ -138,7 +142,12 @@ class SharedStage:
             return batch
         taken: list[SimRequest] = []
         waiting = self.waiting
-        for req in view.iter_visible(waiting.values(), sig_of, waiting.__getitem__):
+        visible: Iterable[SimRequest] = view.iter_visible(
+            waiting.values(), sig_of, waiting.__getitem__
+        )
+        if self.reorder is not None:
+            visible = self.reorder(list(visible))
+        for req in visible:
             if len(running) >= self.max_seqs or budget <= 0:
                 break
             if self.kv_used + req.kv_need > self.kv_capacity:

@@ -48,6 +48,10 @@ _LABELS: dict[PolicyName, str] = {
     PolicyName.NO_THROTTLING: "w/o SM throttling",
     PolicyName.NO_DOWNSTREAM: "w/o downstream control",
     PolicyName.NO_PREEMPTION: "w/o preemption",
+    PolicyName.SHED: "Shed (vLLM queue limits)",
+    PolicyName.SHED_EDF: "Shed-EDF",
+    PolicyName.VLLM_OMNI_CURRENT: "vLLM-Omni current",
+    PolicyName.MPS_STATIC: "MPS static shares",
 }
 SYSTEMS: dict[str, System] = {p.value: System(p.value, label, p) for p, label in _LABELS.items()}
 BASELINES = ("fcfs", "edf", "mps", "edf-mps", "priority", "priority-mps")
@@ -58,6 +62,8 @@ ABLATIONS = (
     "horizon-no-preemption",
 )
 MAIN = ("horizon", *BASELINES)
+# The 2026 co-location baselines (`runtime.baselines`).
+BASELINES_2026 = ("shed", "shed-edf", "vllm-omni-current", "mps-static")
 
 
 def get_system(name: str | System) -> System:
