@@ -25,14 +25,16 @@ request's work is its answer's length at the shared stage (`shared.AnswerLengths
 when the thinker finished: the talker's own prompt carries only the thinker prompt's length),
 and the stage's seconds per unit of work are measured from the requests it finished
 (admission to finish over their work: exponential mean). Once both are known and the places
-cannot take every waiting request, the requests to admit next are the control core's
-place-aware listing (`SlackQueue.order` over the running requests' estimated free times:
+cannot take every waiting request, the requests to admit into the free places are the control
+core's place-aware listing (`SlackQueue.order` over the running requests' estimated free times:
 Moore–Hodgson, a long answer that would make shorter ones miss goes behind them) instead of
 plain deadline order. Without a length (a streaming thinker hands off before it finishes,
 a record dropped) a request has work 0 and keeps its deadline place.
 
 Cost per step: O(k log n) for the k handed out, plus one O(n) pass over `waiting` when the head
-is not already in slack order (n = the stage's waiting requests, few in practice).
+is not already in slack order (n = the stage's waiting requests, few in practice); a step that
+admits under the place-aware order lists instead (`SlackQueue.order`: ≈ 7 µs at 16 waiting,
+250 µs at 256 waiting on 16 places, on a loaded 2-core CPU).
 """
 
 from __future__ import annotations
@@ -132,7 +134,9 @@ class DownstreamAdmission:
         want = min(max(free, 1), len(self._managed))
         now = self.clock_ns() * 1e-9
         queue = self.queue
-        if self.place and self.s_per_work > 0.0 and free < len(self._managed):
+        # Place order where a place is free but not one for every waiting request: with none
+        # free vLLM admits nothing this step, and the listing costs O(PLACE_HORIZON² · places).
+        if self.place and self.s_per_work > 0.0 and 0 < free < len(self._managed):
             listing = queue.order(now, self._free_at(sched, now, free), self.s_per_work, want)
             offered = [item for item, _ in listing if item.status == _WAITING]
             self._offered, self._listed = offered, True
