@@ -112,3 +112,15 @@ def test_the_shared_stage_records_long_path_answer_lengths(build, clock):
     assert answers.take("L0") == 7
     assert answers.take("L0") is None  # taken once
     assert answers.take("S1") is None and answers.take("L2") is None
+
+
+def test_a_full_answer_table_drops_the_record_and_counts_it(tmp_path):
+    from horizonserve.runtime.engine.vllm_omni.shared import AnswerLengths
+    from horizonserve.runtime.monitor import RequestTable
+
+    answers = AnswerLengths(RequestTable.create(tmp_path / "answers", capacity=2))
+    assert answers.record("a", 10) and answers.record("b", 2**40)
+    assert not answers.record("c", 5) and answers.dropped == 1
+    assert answers.take("b") == AnswerLengths.MAX_TOKENS  # clamped to the i32 field
+    assert answers.record("c", 5) and answers.take("c") == 5
+    answers.close()
