@@ -52,12 +52,16 @@ class BaselineHooks:
         self.share = static_share(sim.setup.spec.name, total, share) if r.static_share else None
         self.window_k = window  # None: each streaming stage's real-time stream count
         self.windows: list[int] = []  # K per streaming stage, as built
+        self.shed_ids: list[int] = []  # trace indices the queue limits refused
         self.now = 0.0
 
     # -- shared stage -----------------------------------------------------------------------
     def admit(self, req: SimRequest) -> bool:
         """False: refused by the queue limits (never served, a miss)."""
-        return self.gate is None or self.gate.admit(str(req.idx), req.prompt) is None
+        if self.gate is None or self.gate.admit(str(req.idx), req.prompt) is None:
+            return True
+        self.shed_ids.append(req.idx)
+        return False
 
     def prefilled(self, req: SimRequest) -> None:
         if self.gate is not None:
