@@ -7,7 +7,7 @@
    exactly the chart's RBAC; a missing rule shows up as a 403 and fails the test.
 3. Make GPU Node objects (no kubelet runs: pods are stored, never started), apply an example
    OmniService and see one serving pod per matching GPU node, owned by the OmniService, plus
-   the sidecars' ServiceAccount/Role/RoleBinding and a status written by the operator.
+   the sidecars' shared ServiceAccount/Role/RoleBinding and a status written by the operator.
 4. Uninstall: delete the OmniService (operator still running), stop the operator, `kubectl
    delete -f` the rendered manifests, and check that nothing of the chart or the operator is
    left (the controller manager's garbage collector removes owned children).
@@ -334,8 +334,11 @@ def test_chart_install_serve_uninstall(
         # kopf scans CRDs only cluster-wide.
         crds = can_i(cluster, sa_user, "list", "customresourcedefinitions")
         assert crds is (mode == "cluster-wide")
+        # `get` on secrets: a referenced Secret's label, read as metadata; never list/watch.
+        assert can_i(cluster, sa_user, "get", "secrets", watched)
         for verb, resource, ns in [
-            ("get", "secrets", watched),
+            ("list", "secrets", watched),
+            ("watch", "secrets", watched),
             ("patch", "nodes", ""),
             ("delete", "omniservices.horizonserve.io", watched),
             ("create", "clusterroles.rbac.authorization.k8s.io", ""),
@@ -397,12 +400,16 @@ def test_chart_install_serve_uninstall(
                 assert pod["spec"]["containers"][0]["image"] == (
                     "ghcr.io/horizonserve/horizonserve-serving:0.1.0"
                 )
-            # Each pod its own identity, named like its node's ConfigMap.
+            # One identity for the OmniService's sidecars; each node its own ConfigMap.
+            accounts = {pod["spec"]["serviceAccountName"] for pod in pods}
+            assert accounts == {f"{osvc_name}-sidecar"}, accounts
             for pod in pods:
-                account = pod["spec"]["serviceAccountName"]
                 assert pod["spec"]["automountServiceAccountToken"] is False
-                for kind in ("serviceaccount", "role", "rolebinding", "configmap"):
-                    assert account in names(cluster, kind, "-n", apps_ns), (kind, account)
+                stored = pod["spec"]["volumes"]
+                (cm,) = [v["configMap"]["name"] for v in stored if v["name"] == "stored"]
+                assert cm in names(cluster, "configmap", "-n", apps_ns), cm
+            for kind in ("serviceaccount", "role", "rolebinding"):
+                assert accounts <= set(names(cluster, kind, "-n", apps_ns)), kind
 
             def status_written() -> Any:
                 obj = kubectl_json(cluster, "get", "omniservice", osvc_name, "-n", apps_ns)
