@@ -146,7 +146,7 @@ def one_of(choices: list[str] | tuple[str, ...], what: str) -> Callable[[str], t
 def artifact_file(text: str) -> str:
     """A calibration artifact that exists and passes its schema (loaded once here, so a bad
     file is refused before any work)."""
-    from horizonserve.runtime.calibrate.artifact import NAMED_ARTIFACTS, load_artifact
+    from horizonserve.runtime.artifact import NAMED_ARTIFACTS, load_artifact
 
     if text in NAMED_ARTIFACTS:  # a shipped artifact by name: fitted, measured, estimate
         return text

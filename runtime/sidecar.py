@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from horizonserve.runtime import config as cfg
-from horizonserve.runtime.calibrate.store import GpuInfo, detect_gpu, find_artifact
+from horizonserve.runtime.artifact_store import GpuInfo, detect_gpu, find_artifact
 from horizonserve.runtime.node_stats import read_stats, stats_path
 
 log = logging.getLogger("horizonserve.sidecar")
@@ -164,7 +164,7 @@ class Sidecar:
         return state
 
     def _load(self, path: Path) -> CalibrationState:
-        from horizonserve.runtime.calibrate.artifact import load_artifact
+        from horizonserve.runtime.artifact import load_artifact
 
         try:
             art = load_artifact(path)

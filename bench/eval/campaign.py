@@ -117,7 +117,7 @@ def with_verdicts(verdicts: Any, pairs: list[str] | None) -> tuple[Any, list[str
 def serving_config(pipeline: str, artifact_path: str, preset: str) -> tuple[Any, dict[str, Any]]:
     """The pipeline's classes with SLO = multiplier × the artifact's solo p95, its ladder and the
     control knobs it decides (B_sat, backlog lift)."""
-    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.artifact import load_artifact
     from horizonserve.runtime.config import ServingConfig, SloTable, load_pipeline
 
     art = load_artifact(artifact_path)
@@ -888,12 +888,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     seed, checked against the plan), each system, set up as the fit replays a campaign
     (`sim.fit.Replay`): the plan's SLO table, its recorded control and, for an entry fitted to
     the reference engine, the plan's class table."""
+    from horizonserve.runtime.artifact import load_artifact
     from horizonserve.runtime.bench.metrics import summarize
-    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.calibrate.fit import replay_of
     from horizonserve.runtime.calibrate.records import plan_campaign, read_plan
     from horizonserve.runtime.config import PolicyName
     from horizonserve.runtime.sim.engine import simulate
-    from horizonserve.runtime.sim.fit import replay_of
     from horizonserve.runtime.workload import generate, load_workload, mix_weights
 
     plan, sha = read_plan(args.plan)

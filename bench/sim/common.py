@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from horizonserve.runtime.artifact import CalibrationArtifact
 from horizonserve.runtime.bench.metrics import summarize
-from horizonserve.runtime.calibrate.artifact import CalibrationArtifact
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source

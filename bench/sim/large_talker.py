@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from horizonserve.runtime.calibrate.artifact import CalibrationArtifact, load_artifact
+from horizonserve.runtime.artifact import CalibrationArtifact, load_artifact
 from horizonserve.runtime.sim.setup import SimSetup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

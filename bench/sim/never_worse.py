@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.config import ControlParams, SharingVerdicts
 from horizonserve.runtime.sim.setup import SimSetup
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.bench.metrics import summarize
-from horizonserve.runtime.calibrate.artifact import load_artifact
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.systems import BASELINES
 from horizonserve.runtime.workload import generate, mix_weights

@@ -8,24 +8,19 @@ horizonserve bench overhead             # control-core microbenchmarks (bench.ov
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
+import json
 import time
 from pathlib import Path
 
 from horizonserve.runtime import cli_types as ck
 from horizonserve.runtime.config import PIPELINES
 
-OVERHEAD_MODULE = "horizonserve.runtime.bench.overhead"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-
     sub = parser.add_subparsers(dest="target", metavar="TARGET")
     overhead = sub.add_parser("overhead", help="microbenchmarks of the control core")
     overhead.set_defaults(_bench_target="overhead")
-    with contextlib.suppress(ImportError):  # the module is owned elsewhere
-        importlib.import_module(OVERHEAD_MODULE).add_arguments(overhead)
+    _overhead_arguments(overhead)
     parser.set_defaults(_bench_target="sweep")
     g = parser.add_argument_group("simulated sweep (default target)")
     g.add_argument(
@@ -73,9 +68,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _overhead_arguments(parser: argparse.ArgumentParser) -> None:
+    from horizonserve.runtime.bench.overhead import SIZES
+
+    parser.add_argument("--sizes", type=ck.positive_int, nargs="+", default=list(SIZES))
+    parser.add_argument(
+        "--batch", type=ck.positive_int, default=16, help="prefills the base scheduler takes"
+    )
+    parser.add_argument("--rounds", type=ck.positive_int, default=25)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    from horizonserve.runtime.bench.overhead import run_overhead, table
+
+    result = run_overhead(tuple(args.sizes), batch=args.batch, rounds=args.rounds)
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "_bench_target", "sweep") == "overhead":
-        return int(importlib.import_module(OVERHEAD_MODULE).run(args) or 0)
+        return _run_overhead(args)
     return _run_sweep(args)
 
 

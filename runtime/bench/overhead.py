@@ -33,9 +33,7 @@ core). The paper's Table 4 reference: 0.4 µs/request, 1.0 µs/step view, 0.3 µ
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import random
 import statistics
 import time
@@ -254,7 +252,7 @@ def run_overhead(sizes: tuple[int, ...], *, batch: int, rounds: int) -> dict:
     }
 
 
-def _table(result: dict) -> str:
+def table(result: dict) -> str:
     cols = (
         "annotation",
         "view",
@@ -282,20 +280,3 @@ def _table(result: dict) -> str:
         f"{blank} {blank} {paper['sm-cap']:>14.2f} {blank} {blank} {blank} {blank}"
     )
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from horizonserve.runtime.cli_types import positive_int
-
-    parser.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES))
-    parser.add_argument(
-        "--batch", type=positive_int, default=16, help="prefills the base scheduler takes"
-    )
-    parser.add_argument("--rounds", type=positive_int, default=25)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = run_overhead(tuple(args.sizes), batch=args.batch, rounds=args.rounds)
-    print(json.dumps(result, indent=2) if args.json else _table(result))
-    return 0

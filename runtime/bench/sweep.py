@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from horizonserve.runtime.bench.runner import Point, run_points
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     DEFAULT_ARTIFACT,
     CalibrationArtifact,
     load_artifact,
 )
+from horizonserve.runtime.bench.runner import Point, run_points
 from horizonserve.runtime.sim.result import LABEL
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source

@@ -1,6 +1,7 @@
-"""Offline calibration: the versioned artifact (schema here) and, later, the GPU measurements."""
+"""Offline calibration: GPU measurements, the artifact they build (its schema: runtime.artifact)
+and the fit of the simulator's contention factors to measured campaigns (calibrate.fit)."""
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     SCHEMA_VERSION,
     CalibrationArtifact,
     PipelineCalibration,

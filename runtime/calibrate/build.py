@@ -13,8 +13,7 @@ import statistics
 from datetime import UTC, datetime
 from typing import Any
 
-from horizonserve.runtime.calibrate import derive
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     ESTIMATE_ARTIFACT,
     RESERVE_DECODE_TOL,
     CalibrationArtifact,
@@ -23,13 +22,14 @@ from horizonserve.runtime.calibrate.artifact import (
     SmCurve,
     load_packaged,
 )
-from horizonserve.runtime.calibrate.limits import with_deploy
+from horizonserve.runtime.calibrate import derive
 from horizonserve.runtime.calibrate.measure import PIPELINE_DOWNSTREAM, pipeline_stages
 from horizonserve.runtime.calibrate.stats import quantile_ci
 from horizonserve.runtime.config import SmLadder, default_ladder
 from horizonserve.runtime.engine.deploy import load_deploy
 from horizonserve.runtime.engine.reference.presets import get_preset
 from horizonserve.runtime.engine.reference.protocol import CODE2WAV
+from horizonserve.runtime.sim.limits import with_deploy
 
 CARRIED = f"carried over from {ESTIMATE_ARTIFACT} (estimate)"
 

@@ -19,7 +19,7 @@ is removed once the artifact is written.
     horizonserve calibrate fit --records RUN --out ARTIFACT [--holdout-points r10,r6-l60]
 
 `fit` fits the contention factors the calibration cannot isolate to a measured campaign
-(`horizonserve.runtime.sim.fit`) and writes a new artifact version with its provenance;
+(`horizonserve.runtime.calibrate.fit`) and writes a new artifact version with its provenance;
 `--engine reference --step-constants` replays the reference engine as the campaign ran it and
 first reads the step costs the calibration does not measure from the fit points' step rows.
 
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from horizonserve.runtime import config as cfg
+from horizonserve.runtime.artifact_store import detect_gpu, find_artifact, read_raw_log
 from horizonserve.runtime.calibrate.stats import MIN_SOLO_SAMPLES as MIN_SOLO
-from horizonserve.runtime.calibrate.store import detect_gpu, find_artifact, read_raw_log
 
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
 
@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Fit the simulator's remaining contention factors to recorded campaign "
         "runs (simulated vs measured attainment per point x system) and write the artifact.",
     )
-    from horizonserve.runtime.sim.fit import add_fit_arguments
+    from horizonserve.runtime.calibrate.fit import add_fit_arguments
 
     add_fit_arguments(fit)
     rebuild = sub.add_parser(
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "calibrate_action", None)
     handler: Any
     if action == "fit":
-        from horizonserve.runtime.sim.fit import run_fit
+        from horizonserve.runtime.calibrate.fit import run_fit
 
         handler, expected = run_fit, (ValueError, FileNotFoundError)
     elif action == "rebuild":

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonserve.runtime.calibrate.artifact import ESTIMATE_ARTIFACT, load_packaged
+from horizonserve.runtime.artifact import ESTIMATE_ARTIFACT, load_packaged
 from horizonserve.runtime.calibrate.stats import SOLO_SAMPLES
 from horizonserve.runtime.config import (
     Path,

@@ -145,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def artifact_info(path: str | None) -> dict[str, Any]:
     """Which calibration artifact a run used, as the reports name it."""
-    from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact
+    from horizonserve.runtime.artifact import DEFAULT_ARTIFACT, load_artifact
 
     art = load_artifact(path)
     return {
@@ -165,7 +165,7 @@ def artifact_line(info: dict[str, Any]) -> str:
 
 
 def _setup(args: argparse.Namespace, pipeline: str) -> tuple[Any, Any, dict[str, float]]:
-    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.artifact import load_artifact
     from horizonserve.runtime.sim.setup import SimSetup
     from horizonserve.runtime.sim.solo import measure_solo_p95, solo_source
     from horizonserve.runtime.workload import load_workload, mix_weights

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonserve.runtime.calibrate.artifact import DownstreamStageCalibration
+from horizonserve.runtime.artifact import DownstreamStageCalibration
 from horizonserve.runtime.config import Metric, Path
 from horizonserve.runtime.downstream import Stamp, realtime_streams
 from horizonserve.runtime.policy import SchedulingPolicy, make_policy

@@ -1,7 +1,7 @@
 """Stage-latency, contention and memory-pressure model, read from a calibration artifact.
 
 Each function is one documented formula over the artifact's curves (see
-`horizonserve.runtime.calibrate.artifact` for the definitions). Curve lookups are memoised per
+`horizonserve.runtime.artifact` for the definitions). Curve lookups are memoised per
 SM count because a run only ever visits a handful of SM levels.
 
 GPU sharing between the shared stage and the downstream stages, while both are busy:
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     DownstreamStageCalibration,
     PipelineCalibration,
     SmCurve,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from horizonserve.runtime.calibrate.artifact import PipelineCalibration
+from horizonserve.runtime.artifact import PipelineCalibration
 from horizonserve.runtime.config import Metric, Path, RequestClass, StageProfile
 from horizonserve.runtime.workload import ClassWorkload, WorkloadSpec
 

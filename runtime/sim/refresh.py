@@ -11,7 +11,7 @@ import json
 import sys
 from importlib import resources
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     DEFAULT_ARTIFACT,
     CalibrationArtifact,
     load_packaged,

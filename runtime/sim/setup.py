@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     CalibrationArtifact,
     PipelineCalibration,
     load_artifact,
 )
-from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.config import (
     ControlParams,
     Path,
@@ -21,6 +20,7 @@ from horizonserve.runtime.config import (
     load_pipeline,
 )
 from horizonserve.runtime.engine.deploy import load_deploy
+from horizonserve.runtime.sim.limits import with_deploy
 from horizonserve.runtime.sim.profiles import derive_profile
 from horizonserve.runtime.workload import load_workload
 

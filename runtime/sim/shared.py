@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from horizonserve.runtime.calibrate.artifact import SharedStageCalibration
+from horizonserve.runtime.artifact import SharedStageCalibration
 from horizonserve.runtime.policy import SchedulingPolicy, StepDecision
 from horizonserve.runtime.profiler import RequestSignals
 from horizonserve.runtime.sim.request import SimRequest, sig_of, sync_sig

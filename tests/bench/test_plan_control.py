@@ -107,9 +107,9 @@ def test_a_simulation_replays_the_knobs_a_session_ran(tmp_path: Path) -> None:
 def test_a_bursty_plan_records_its_arrivals_and_replays_them(tmp_path: Path) -> None:
     """`plan --burstiness b`: the points carry b, a Poisson plan's bytes stay as they were, and
     the simulator's replay of the campaign regenerates the same requests from the point."""
-    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.artifact import load_artifact
+    from horizonserve.runtime.calibrate.fit import replay_of
     from horizonserve.runtime.calibrate.records import plan_campaign
-    from horizonserve.runtime.sim.fit import replay_of
 
     poisson = _plan(tmp_path, "a.json")
     bursty = _plan(tmp_path, "b.json", "--burstiness", "0.25")

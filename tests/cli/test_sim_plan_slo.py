@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact
+from horizonserve.runtime.artifact import DEFAULT_ARTIFACT, load_artifact
 from horizonserve.runtime.calibrate.records import load_plan
 from tests.cli.test_cli_errors import assert_refused, run_cli
 

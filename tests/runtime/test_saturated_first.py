@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.config import ControlParams, SmLadder
 from horizonserve.runtime.downstream import SATURATED, reported_slack
 from horizonserve.runtime.policy import make_policy

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from horizonserve.runtime import config as cfg
-from horizonserve.runtime.calibrate.artifact import load_artifact
-from horizonserve.runtime.calibrate.store import GpuInfo, find_artifact
+from horizonserve.runtime.artifact import load_artifact
+from horizonserve.runtime.artifact_store import GpuInfo, find_artifact
 from horizonserve.runtime.metrics import MetricsRecorder
 from horizonserve.runtime.node_stats import class_summaries, read_stats, write_stats
 from horizonserve.runtime.sidecar import Sidecar

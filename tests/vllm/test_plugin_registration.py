@@ -168,7 +168,7 @@ def test_settings_enablement_and_knobs():
 
 
 def test_config_precedence_and_calibration(tmp_path):
-    from horizonserve.runtime.calibrate.artifact import load_packaged
+    from horizonserve.runtime.artifact import load_packaged
     from horizonserve.runtime.config import SmLadder
     from horizonserve.runtime.engine.vllm_omni import settings
 

@@ -214,7 +214,7 @@ def with_policy(config: ServingConfig, env: Mapping[str, str] | None = None) -> 
 
 def apply_calibration(config: ServingConfig, artifact: object) -> ServingConfig:
     """Measured solo p95 (→ SLO targets), B_sat and (unless pinned) the ladder of an artifact."""
-    from horizonserve.runtime.calibrate.artifact import CalibrationArtifact
+    from horizonserve.runtime.artifact import CalibrationArtifact
 
     assert isinstance(artifact, CalibrationArtifact)
     entry = artifact.pipelines.get(config.pipeline)
@@ -248,7 +248,7 @@ def find_calibration(config: ServingConfig, env: Mapping[str, str]) -> Path | No
     mode = env.get(CALIBRATION_MODE_ENV, CalibrationMode.AUTO.value)
     if not directory or mode == CalibrationMode.SKIP.value:
         return None
-    from horizonserve.runtime.sidecar import detect_gpu, find_artifact
+    from horizonserve.runtime.artifact_store import detect_gpu, find_artifact
 
     gpu = detect_gpu()
     if gpu is None:
@@ -285,7 +285,7 @@ def resolve_config(hint: str | None = None, env: Mapping[str, str] | None = None
     config = check_supported(with_policy(base_config(hint, env), env))
     path = find_calibration(config, env)
     if path is not None:
-        from horizonserve.runtime.calibrate.artifact import load_artifact
+        from horizonserve.runtime.artifact import load_artifact
 
         try:
             config = apply_calibration(config, load_artifact(path))

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from horizonserve.runtime.calibrate.artifact import load_artifact, load_packaged
+from horizonserve.runtime.artifact import load_artifact, load_packaged
 from horizonserve.runtime.calibrate.cli import artifact_name, parse_pipelines
 from horizonserve.runtime.cli import main
 from horizonserve.runtime.engine.deploy import load_deploy
@@ -88,8 +88,8 @@ def test_shipped_h200_artifact_is_measured() -> None:
 def test_auto_mode_does_not_recalibrate_a_calibrated_node(
     out_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from horizonserve.runtime.artifact_store import GpuInfo
     from horizonserve.runtime.calibrate import cli
-    from horizonserve.runtime.calibrate.store import GpuInfo
 
     art = load_artifact(next(out_dir.glob("*.json")))
     monkeypatch.setattr(cli, "detect_gpu", lambda: GpuInfo(art.gpu.name, art.gpu.driver))

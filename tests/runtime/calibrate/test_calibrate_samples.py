@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import CalibrationArtifact, load_packaged
+from horizonserve.runtime.artifact import CalibrationArtifact, load_packaged
 from horizonserve.runtime.calibrate.stats import (
     MIN_SOLO_SAMPLES,
     SOLO_SAMPLES,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import PipelineCalibration, load_artifact
+from horizonserve.runtime.artifact import PipelineCalibration, load_artifact
 from horizonserve.runtime.config import PolicyName
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.calibrate.build import merge_artifacts
 from horizonserve.runtime.cli import main
 

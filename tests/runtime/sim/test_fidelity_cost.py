@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from horizonserve.runtime.artifact import SmCurve, load_artifact
 from horizonserve.runtime.calibrate import derive
-from horizonserve.runtime.calibrate.artifact import SmCurve, load_artifact
-from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
+from horizonserve.runtime.sim.limits import with_deploy
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 
 PIPE = "qwen2_5_omni"

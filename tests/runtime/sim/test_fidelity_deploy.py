@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.calibrate.records import read_members
 from horizonserve.runtime.engine.deploy import PROFILES, load_deploy
 from horizonserve.runtime.engine.reference.presets import get_preset

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import DEFAULT_ARTIFACT, load_artifact, load_packaged
+from horizonserve.runtime.artifact import DEFAULT_ARTIFACT, load_artifact, load_packaged
 from horizonserve.runtime.config import PIPELINES, ControlParams, load_pipeline
 from horizonserve.runtime.sim import LABEL, SimResult, SimSetup, simulate
 from horizonserve.runtime.sim.engine import Simulator

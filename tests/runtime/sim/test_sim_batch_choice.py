@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import PipelineCalibration, SmCurve
+from horizonserve.runtime.artifact import PipelineCalibration, SmCurve
 from horizonserve.runtime.downstream import AdmissionQueue, FifoQueue, SlackQueue, Stamp
 from horizonserve.runtime.sim.downstream import FluidStage, Job
 from horizonserve.runtime.sim.engine import Simulator, simulate

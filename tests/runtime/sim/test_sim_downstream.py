@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
 from horizonserve.runtime.config import ControlParams
 from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.setup import SimSetup

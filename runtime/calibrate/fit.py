@@ -33,8 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path as FsPath
 from typing import Any
 
-from horizonserve.runtime.calibrate import derive
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     MPS_DECODE_ROWS,
     CalibrationArtifact,
     FitProvenance,
@@ -42,13 +41,14 @@ from horizonserve.runtime.calibrate.artifact import (
     SmCurve,
     load_artifact,
 )
+from horizonserve.runtime.artifact_store import read_raw_log
+from horizonserve.runtime.calibrate import derive
 from horizonserve.runtime.calibrate.legacy import recorded_control
-from horizonserve.runtime.calibrate.limits import with_deploy
 from horizonserve.runtime.calibrate.records import Campaign, read_campaign, read_steps
-from horizonserve.runtime.calibrate.store import read_raw_log
 from horizonserve.runtime.config import Path, SloTable, load_pipeline
 from horizonserve.runtime.engine.deploy import graph_batch_sizes, load_deploy
 from horizonserve.runtime.sim.engine import simulate
+from horizonserve.runtime.sim.limits import with_deploy
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95
@@ -183,7 +183,7 @@ def reference_engine(
       thinker from the speech deploy file for every pipeline (BAGEL's thinker ran 48 slots and
       8192 tokens, not its own deploy file's 12 and 32768); KV: its slots × tokens per slot;
     * each downstream stage's slots (and code2wav's chunks) from the pipeline's deploy file, as
-      the preset reads them (`calibrate.limits.with_deploy`);
+      the preset reads them (`sim.limits.with_deploy`);
     * prompt tokens per image, audio second and video second: the preset's;
     * prefill padded to the executor's length buckets (`engine.reference.ar.prefill_buckets`:
       the batch at its longest prompt), prefill and decode as two calls (`prefill_then_decode`);

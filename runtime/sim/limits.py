@@ -7,7 +7,7 @@ the engine reads instead of carrying numbers of their own.
 
 from __future__ import annotations
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     DownstreamStageCalibration,
     PipelineCalibration,
 )

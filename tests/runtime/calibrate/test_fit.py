@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact, load_packaged
-from horizonserve.runtime.calibrate.records import (
-    Campaign,
-    CampaignPoint,
-    MeasuredItem,
-    read_campaign,
-)
-from horizonserve.runtime.cli import main
-from horizonserve.runtime.sim.fit import (
+from horizonserve.runtime.artifact import load_artifact, load_packaged
+from horizonserve.runtime.calibrate.fit import (
     FACTORS,
     Replay,
     apply_factors,
@@ -29,6 +22,13 @@ from horizonserve.runtime.sim.fit import (
     solo_classes,
     solo_error_pct,
 )
+from horizonserve.runtime.calibrate.records import (
+    Campaign,
+    CampaignPoint,
+    MeasuredItem,
+    read_campaign,
+)
+from horizonserve.runtime.cli import main
 from horizonserve.runtime.sim.setup import SimSetup
 from horizonserve.runtime.sim.solo import measure_solo_p95
 from horizonserve.runtime.workload import generate, load_workload, mix_weights

@@ -11,21 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import (
+from horizonserve.runtime.artifact import (
     CalibrationArtifact,
     PipelineCalibration,
     load_artifact,
 )
-from horizonserve.runtime.calibrate.records import (
-    Campaign,
-    CampaignPoint,
-    MeasuredItem,
-    read_campaign,
-)
-from horizonserve.runtime.engine.reference.ar import prefill_buckets
-from horizonserve.runtime.engine.reference.presets import get_preset
-from horizonserve.runtime.sim.engine import simulate
-from horizonserve.runtime.sim.fit import (
+from horizonserve.runtime.calibrate.fit import (
     REFERENCE,
     Replay,
     apply_factors,
@@ -37,6 +28,15 @@ from horizonserve.runtime.sim.fit import (
     replay_of,
     step_constants,
 )
+from horizonserve.runtime.calibrate.records import (
+    Campaign,
+    CampaignPoint,
+    MeasuredItem,
+    read_campaign,
+)
+from horizonserve.runtime.engine.reference.ar import prefill_buckets
+from horizonserve.runtime.engine.reference.presets import get_preset
+from horizonserve.runtime.sim.engine import simulate
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 from horizonserve.runtime.sim.request import SimRequest
 from horizonserve.runtime.sim.setup import SimSetup

@@ -34,7 +34,7 @@ def detect_gpu() -> GpuInfo | None:
 
 def find_artifact(directory: Path, pipeline: str, model: str, gpu: GpuInfo) -> Path | None:
     """The newest artifact in `directory` for this pipeline's model on this GPU and driver."""
-    from horizonserve.runtime.calibrate.artifact import load_artifact
+    from horizonserve.runtime.artifact import load_artifact
 
     matches = []
     for path in directory.glob("*.json"):

@@ -260,7 +260,7 @@ class FitProvenance(_Model):
         None,
         description="How the replay modelled the campaign's engine: 'reference' (the reference "
         "engine's limits and step rules, the controller's class table as the plan recorded "
-        "it: `sim.fit.reference_engine`); None: the deploy file's limits and the class "
+        "it: `calibrate.fit.reference_engine`); None: the deploy file's limits and the class "
         "profiles derived from the entry.",
     )
 

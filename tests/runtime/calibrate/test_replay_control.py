@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact
+from horizonserve.runtime.artifact import load_artifact
+from horizonserve.runtime.calibrate.fit import replay_of
 from horizonserve.runtime.calibrate.records import read_campaign
 from horizonserve.runtime.config import DownstreamUrgency
-from horizonserve.runtime.sim.fit import replay_of
 
 ROOT = Path(__file__).resolve().parents[3]
 RUN = ROOT / "bench/results/h200-eval/qwen-ship-v2"  # s00 ran knobs newer than its plan

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from horizonserve.runtime.calibrate.artifact import load_artifact, load_packaged
-from horizonserve.runtime.calibrate.records import read_campaign, read_members
-from horizonserve.runtime.sim.engine import Simulator, simulate
-from horizonserve.runtime.sim.fit import (
+from horizonserve.runtime.artifact import load_artifact, load_packaged
+from horizonserve.runtime.calibrate.fit import (
     campaign_steps,
     prefill_line,
     reference_engine,
     replay_of,
 )
+from horizonserve.runtime.calibrate.records import read_campaign, read_members
+from horizonserve.runtime.sim.engine import Simulator, simulate
 from horizonserve.runtime.sim.model import SharedCost, Sharing
 
 ROOT = Path(__file__).resolve().parents[3]
