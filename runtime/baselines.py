@@ -40,7 +40,7 @@ RULES: dict[PolicyName, BaselineRules] = {
 # The shared stage's SMs under mps-static, per pipeline, on a 132-SM H200: the best static
 # split of the sweep in bench/results/sim/baselines-2026/static-sweep.txt (SIMULATED; the
 # downstream stages get the rest). Another GPU scales the share by its SM count.
-STATIC_SHARE: dict[str, int] = {"qwen2_5_omni": 80, "mimo_audio": 80, "bagel": 80}
+STATIC_SHARE: dict[str, int] = {"qwen2_5_omni": 72, "mimo_audio": 112, "bagel": 104}
 STATIC_SHARE_SMS = 132
 
 
