@@ -38,7 +38,7 @@ OMNI_VERSION=0.30.0
 PIP_OPTS=(--disable-pip-version-check --no-input --progress-bar off)
 # Never installed (see the header). Names are compared after PEP 503 normalisation.
 SKIP=(torch torchcodec triton
-    cosmos-guardrail fa3-fwd openai-whisper kernels cache-dit s3tokenizer onnxruntime
+    cosmos-guardrail fa3-fwd openai-whisper kernels s3tokenizer onnxruntime
     x-transformers torchsde imageio imageio-ffmpeg)
 
 LOG_TAG=install-vllm-cpu

