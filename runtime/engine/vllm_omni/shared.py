@@ -150,7 +150,15 @@ def _attach(
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    # O_NOFOLLOW: a symlink planted at the lock path never redirects the open (ELOOP instead).
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"{lock_path}: cannot open the lock file ({err.strerror}); remove it if it "
+            "is a symlink or not a regular file",
+        ) from err
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
