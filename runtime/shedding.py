@@ -23,7 +23,10 @@ TTFT × prefill throughput (the tightest short-path SLO × the calibrated prefil
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+
+from horizonserve.runtime.config import Path, ServingConfig
 
 QUEUE_FULL = "queue_full"  # QueueOverflowError: max_num_queued_reqs
 QUEUED_TOKENS = "max_queued_tokens"  # MaxQueuedTokensError: max_num_queued_tokens
@@ -111,3 +114,49 @@ class QueueGate:
     @property
     def refused_total(self) -> int:
         return sum(self.refused.values())
+
+
+def config_limits(config: ServingConfig, max_num_seqs: int) -> QueueLimits:
+    """`limits_for` from a serving config: the tightest short-path SLO and that class's
+    profiled prefill seconds per token (the engines' front, which has no cost model)."""
+    short = [c for c in config.slo.classes if c.path is Path.SHORT] or list(config.slo.classes)
+    tight = min(short, key=lambda c: config.slo.target_s(c.name))
+    per_token = tight.profile.prefill_s_per_token
+    return limits_for(
+        max_num_seqs, config.slo.target_s(tight.name), 1.0 / per_token if per_token else 1e9
+    )
+
+
+class FrontGate:
+    """`QueueGate` for an engine's front under a shed preset, thread-safe: admission in the
+    request threads, first outputs and finishes from the event thread. A request leaves the
+    token count at its first output from the shared stage (a short-path first token, a
+    long-path hand-off) and the request count when the shared stage is done with it (done,
+    handed off, refused downstream or cancelled)."""
+
+    def __init__(self, limits: QueueLimits) -> None:
+        self.gate = QueueGate(limits)
+        self._lock = threading.Lock()
+
+    def admit(self, request_id: str, prompt_len: int) -> str | None:
+        with self._lock:
+            return self.gate.admit(request_id, prompt_len)
+
+    def prefilled(self, request_id: str) -> None:
+        with self._lock:
+            self.gate.prefilled(request_id)
+
+    def finished(self, request_id: str) -> None:
+        with self._lock:
+            self.gate.finished(request_id)
+
+
+def front_gate(
+    policy: str, config: ServingConfig, max_num_seqs: int, limits: QueueLimits | None = None
+) -> FrontGate | None:
+    """The front's gate under a shed preset (`limits`, else `config_limits`), else None."""
+    from horizonserve.runtime.baselines import rules_for
+
+    if not rules_for(policy).shed:
+        return None
+    return FrontGate(limits or config_limits(config, max(1, max_num_seqs)))

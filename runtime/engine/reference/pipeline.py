@@ -102,6 +102,7 @@ from horizonserve.runtime.engine.reference.supervisor import (
 from horizonserve.runtime.metrics import MetricsRecorder
 from horizonserve.runtime.monitor import ControlRecord, remove_stale, shm_dir, shm_path
 from horizonserve.runtime.profiler import RequestProfiler
+from horizonserve.runtime.shedding import FrontGate, QueueLimits, front_gate
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,8 @@ class PipelineOptions:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_timeout_s: float = 10.0  # stages not gone by then are killed
     model_name: str = ""  # the `model_name` metrics label (default: reference-<preset>)
+    # vLLM's queue limits under the shed presets (default: `runtime.shedding.config_limits`).
+    queue_limits: QueueLimits | None = None
 
 
 @dataclass
@@ -274,6 +277,14 @@ class StageUnavailableError(PipelineError):
         self.retry_after_s = retry_after_s
 
 
+class QueueFullError(StageUnavailableError):
+    """Shed by vLLM's queue limits (the shed presets, `runtime.shedding`): HTTP 503."""
+
+    def __init__(self, class_name: str, reason: str) -> None:
+        super().__init__("shared", class_name, 1.0, f"refused it by its queue limits ({reason})")
+        self.reason = reason
+
+
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
@@ -392,6 +403,7 @@ class Pipeline:
         self.record_repairs = 0  # control-record headers rewritten after corruption
         self._samples_per_second = 1.0
         self._kv_slots = 0  # shared-stage KV slots (kv_cache_usage_perc's denominator)
+        self._gate: FrontGate | None = None  # the shed presets' queue limits
 
     @property
     def stage_pids(self) -> list[int]:
@@ -420,6 +432,7 @@ class Pipeline:
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
         preset = get_preset(opts.preset, opts.profile, config.pipeline, **opts.limits)
         self._kv_slots = preset.thinker_limits.max_batch
+        self._gate = front_gate(policy, config, self._kv_slots, opts.queue_limits)
         self._samples_per_second = float(
             preset.code2wav.samples_per_code * preset.codes_per_audio_second
         )
@@ -774,10 +787,18 @@ class Pipeline:
             downstream=downstream,
         )
         handle = RequestHandle(record, listener)
+        shed = None
         with self._lock:
             if spec.rid in self._handles:
                 raise ValueError(f"request id {spec.rid!r} is already in flight")
-            self._handles[spec.rid] = handle
+            if self._gate is not None:
+                shed = self._gate.admit(spec.rid, spec.input_tokens)
+            if shed is None:
+                self._handles[spec.rid] = handle
+        if shed is not None:  # never served: a miss, judged at its deadline like every request
+            self.metrics.rejected(cls.name, shed)
+            self.metrics.expect((spec.rid, arrival), cls.name, arrival, costs.target_s)
+            raise QueueFullError(cls.name, shed)
         self.metrics.admitted(
             cls.name,
             key=(spec.rid, arrival),  # judged at its deadline if no first response by then
@@ -882,6 +903,7 @@ class Pipeline:
             self._queues["shared"].put(SetPolicy(name.value))
             self._wait_locked(lambda: self._policy_ack == name.value, timeout, "policy switch")
         self.config = self.config.model_copy(update={"policy": name})
+        self._gate = front_gate(name.value, self.config, self._kv_slots, self.options.queue_limits)
 
     def abort(self, before: float | None = None, timeout: float = 30.0) -> dict[str, int]:
         """Drop every request that arrived at or before `before` (default: now) in every stage,
@@ -1104,7 +1126,10 @@ class Pipeline:
         data = ev.data
         if "scheduled" in data and not math.isnan(data["scheduled"]):
             rec.scheduled = data["scheduled"]
+        gate = self._gate
         if kind == FIRST:
+            if gate is not None:
+                gate.prefilled(rec.rid)  # a short-path first token (or a long path's output)
             if rec.first is None:
                 rec.first = ev.t
                 rec.info.update({k: v for k, v in data.items() if k != "scheduled"})
@@ -1117,6 +1142,8 @@ class Pipeline:
         elif kind == CHUNK:
             self._playback(rec, ev.t, data["samples"])
         elif kind == HANDOFF:
+            if gate is not None:
+                gate.finished(rec.rid)  # it left the shared stage
             rec.handoff = ev.t
             rec.shared_tpot_s = data.get("tpot")
             rec.shared_tokens = data.get("tokens")
@@ -1155,6 +1182,8 @@ class Pipeline:
             if self._handles.get(rec.rid) is not handle:
                 return False
             del self._handles[rec.rid]
+        if self._gate is not None:
+            self._gate.finished(rec.rid)
         self.finished.append(rec)
         self.metrics.finished(
             rec.class_name,
