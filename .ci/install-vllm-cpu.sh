@@ -127,7 +127,7 @@ EOF
 log "resolving $(wc -l <"$reqs") requirements (no install)"
 report="$VENV/engine-resolution.json"
 "$PY" -I -m pip install "${PIP_OPTS[@]}" -q --dry-run --ignore-installed \
-    --find-links "$wheels" --report "$report" -r "$reqs"
+    --find-links "$wheels" --find-links "$TORCH_WHEEL_DIR" --report "$report" -r "$reqs"
 resolved="$VENV/engine-resolved.txt"
 "$PY" -I - "$report" "$resolved" "${SKIP[@]}" <<'EOF'
 import json
@@ -147,7 +147,8 @@ Path(out).write_text("\n".join(sorted(pins)) + "\n")
 print(f"{len(pins)} pins; left out: {', '.join(sorted(dropped)) or 'none'}", file=sys.stderr)
 EOF
 log "installing the resolved set (--no-deps)"
-"$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps --find-links "$wheels" -r "$resolved"
+"$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps --find-links "$wheels" \
+    --find-links "$TORCH_WHEEL_DIR" -r "$resolved"
 log "test CPU platform for vLLM-Omni and horizonserve (editable, no deps)"
 "$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps -e "$ROOT/tests/vllm/cpu_platform"
 # vLLM-Omni needs torchvision importable in every stage process: the shim runs at start-up.

@@ -125,9 +125,12 @@ class _FakeSchedulerConfig:
         return self.scheduler_cls
 
 
-def test_start_guard_refuses_a_stage_on_vllm_omnis_own_scheduler(
+def test_start_guard_swaps_vllm_omnis_own_schedulers_and_refuses_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """AsyncOmni and the offline Omni build their stage configs before vLLM loads the plugin:
+    their stages arrive with vLLM-Omni's own schedulers, which the guard swaps for
+    HorizonServe's; any other scheduler is refused in one line."""
     from horizonserve.runtime.engine.vllm_omni import pipelines, start_guard
 
     class Config(_FakeSchedulerConfig):
@@ -136,16 +139,27 @@ def test_start_guard_refuses_a_stage_on_vllm_omnis_own_scheduler(
     assert start_guard.install_guard(Config)
     assert not start_guard.install_guard(Config)  # idempotent
     monkeypatch.setenv("HORIZONSERVE_VLLM", "1")
-    omni = "vllm_omni.core.sched.omni_ar_scheduler.OmniARScheduler"
-    with pytest.raises(start_guard.StartRefused) as info:
-        Config(omni).get_scheduler_cls()
-    assert "\n" not in str(info.value) and omni in str(info.value)
-    with pytest.raises(start_guard.StartRefused, match="configured with None"):
-        Config(None).get_scheduler_cls()  # vLLM's default scheduler
+    omni = "vllm_omni.core.sched.omni_ar_scheduler"
+    for name, want in (
+        (f"{omni}.OmniARScheduler", pipelines.AR_SCHEDULER),
+        (f"{omni}.OmniARAsyncScheduler", pipelines.AR_SCHEDULER),
+        ("vllm_omni.core.sched.omni_generation_scheduler.OmniGenerationScheduler",
+         pipelines.GENERATION_SCHEDULER),
+    ):  # fmt: skip
+        config = Config(name)
+        assert config.get_scheduler_cls() == want
+        assert config.scheduler_cls == want
     for path in pipelines.HORIZON_SCHEDULERS:
         assert Config(path).get_scheduler_cls() == path
+    other = "vllm_omni.model_executor.models.x.scheduler.ModelScheduler"
+    with pytest.raises(start_guard.StartRefused) as info:
+        Config(other).get_scheduler_cls()
+    assert "\n" not in str(info.value) and other in str(info.value)
+    with pytest.raises(start_guard.StartRefused, match="configured with None"):
+        Config(None).get_scheduler_cls()  # vLLM's default scheduler (a plain vLLM engine)
     monkeypatch.setenv("HORIZONSERVE_VLLM", "0")
-    assert Config(omni).get_scheduler_cls() == omni  # off: vLLM-Omni as shipped
+    name = f"{omni}.OmniARScheduler"
+    assert Config(name).get_scheduler_cls() == name  # off: vLLM-Omni as shipped
 
 
 def test_the_real_scheduler_config_is_guarded_by_register(

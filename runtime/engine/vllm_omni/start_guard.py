@@ -1,25 +1,43 @@
 """Every engine core (one per vLLM-Omni stage) runs HorizonServe's scheduler, or refuses.
 
 The plugin puts its schedulers into vLLM-Omni's pipeline registry (`pipelines.py`); a stage
-takes its `scheduler_cls` from there when the stage configs are built. An entry point that
-builds them before the plugin is loaded starts its stages on vLLM-Omni's own schedulers while
-the plugin says it is on. So, while HorizonServe is on, `SchedulerConfig.get_scheduler_cls`
-(what vLLM's EngineCore calls, after it has loaded the plugins, to build its scheduler) checks
-that the class it resolves is HorizonServe's and otherwise refuses with one line naming the
-stage's scheduler.
+takes its `scheduler_cls` from there when the stage configs are built. vLLM-Omni's in-process
+entry points (`AsyncOmni`, the offline `Omni`) build them before vLLM loads the plugins, so
+their stages were configured with vLLM-Omni's own schedulers while the plugin said it was on.
+`SchedulerConfig.get_scheduler_cls` is what every engine core calls, after it has loaded the
+plugins, to build its scheduler; while HorizonServe is on it
+  * swaps vLLM-Omni's own stage schedulers (`OmniARScheduler`, `OmniARAsyncScheduler`,
+    `OmniGenerationScheduler`) for HorizonServe's, exactly as the registry patch would have
+    (logged once per engine core);
+  * refuses, with one line naming the scheduler, any other scheduler that is not HorizonServe's
+    (a model-specific one, or vLLM's default in a plain vLLM engine).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from horizonserve.runtime.engine.vllm_omni import settings
 from horizonserve.runtime.engine.vllm_omni.hooks import HookRefused
-from horizonserve.runtime.engine.vllm_omni.pipelines import HORIZON_SCHEDULERS
+from horizonserve.runtime.engine.vllm_omni.pipelines import (
+    AR_SCHEDULER,
+    GENERATION_SCHEDULER,
+    HORIZON_SCHEDULERS,
+)
+
+log = logging.getLogger(__name__)
 
 WRAPPED = "__horizonserve_wrapped__"
 _MODULE = "horizonserve.runtime.engine.vllm_omni.scheduler"
+# vLLM-Omni's own stage schedulers -> what the re-registered pipelines name instead.
+_OMNI = "vllm_omni.core.sched"
+REPLACES = {
+    f"{_OMNI}.omni_ar_scheduler.OmniARScheduler": AR_SCHEDULER,
+    f"{_OMNI}.omni_ar_scheduler.OmniARAsyncScheduler": AR_SCHEDULER,
+    f"{_OMNI}.omni_generation_scheduler.OmniGenerationScheduler": GENERATION_SCHEDULER,
+}
 
 
 class StartRefused(HookRefused):
@@ -41,10 +59,9 @@ def is_horizon(scheduler_cls: Any) -> bool:
 def refusal(scheduler_cls: Any) -> StartRefused:
     return StartRefused(
         f"HorizonServe refuses to start: an engine core was configured with "
-        f"{scheduler_name(scheduler_cls)}, not HorizonServe's scheduler (its stage configs were "
-        "built before the plugin loaded); start with `vllm serve --omni` or AsyncOmni, or call "
-        "horizonserve.runtime.engine.vllm_omni.plugin.register() before importing vllm_omni, "
-        f"or set {settings.ENABLE_ENV}=0 to run without HorizonServe"
+        f"{scheduler_name(scheduler_cls)}, which HorizonServe does not schedule (it replaces "
+        "only vLLM-Omni's own stage schedulers); serve a pipeline HorizonServe supports "
+        f"(qwen2_5_omni, mimo_audio, bagel) or set {settings.ENABLE_ENV}=0 to run without it"
     )
 
 
@@ -57,7 +74,17 @@ def install_guard(cls: Any) -> bool:
     @functools.wraps(orig)
     def get_scheduler_cls(self: Any) -> Any:
         if settings.enabled() and not is_horizon(self.scheduler_cls):
-            raise refusal(self.scheduler_cls)
+            name = scheduler_name(self.scheduler_cls)
+            target = REPLACES.get(name)
+            if target is None:
+                raise refusal(self.scheduler_cls)
+            log.warning(
+                "HorizonServe: this stage was configured with %s (its stage configs were built "
+                "before the plugin loaded); running %s instead",
+                name,
+                target,
+            )
+            self.scheduler_cls = target
         return orig(self)
 
     setattr(get_scheduler_cls, WRAPPED, True)
