@@ -5,7 +5,8 @@
   `prev_step_scheduled_req_ids` gone, `_preempt_request` without `timestamp`) is refused with
   one line naming the versions and the hook, and the refusal stops the import (the plugin's
   post-import hooks swallow other errors);
-* while HorizonServe is on, resolving a scheduler that is not HorizonServe's refuses.
+* while HorizonServe is on, an engine core resolving vLLM-Omni's own stage scheduler gets
+  HorizonServe's instead, and one resolving any other scheduler refuses.
 """
 
 from __future__ import annotations
