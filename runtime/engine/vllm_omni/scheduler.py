@@ -497,12 +497,22 @@ class SharedStageController:
         margin = self.knobs.window_margin
         vis_s = list(view.iter_visible(s, _SIG)) if s else []
         if self.slack_view:
-            vis_w = view_order(view.is_visible, w, _SIG, self._step_ns * 1e-9)
+            vis_w = self._slack_walk(view, w)
         elif margin is None or view.edf:
             vis_w = list(view.iter_visible(w, _SIG))
         else:
             vis_w = list(islice(view.iter_visible(w, _SIG), free + margin))
         return vis_w, vis_s
+
+    def _slack_walk(self, view: StepView, w: Any) -> list:
+        """`waiting`'s visible requests in the slack order (slack_order.view_order). Only a
+        late short-path prefill, which the view may hide, needs the whole queue walked;
+        otherwise the view's own walk (which stops after its last visible request) gives the
+        set, reordered. O(short waiting) to tell which."""
+        now = self._step_ns * 1e-9
+        if any(r.__dict__[SIG_ATTR].late for r in self._short_prefills.values()):
+            return view_order(view.is_visible, w, _SIG, now)
+        return view_order(_shown, list(view.iter_visible(w, _SIG)), _SIG, now)
 
     def _walk_preempted(
         self, view: StepView, w: Any, s: Any, free: int, victims: list
@@ -747,6 +757,11 @@ def _next_free_s(running: list) -> float:
         if t < best:
             best = t
     return 0.0 if best == math.inf else best
+
+
+def _shown(sig: RequestSignals) -> bool:
+    """Every request of an already visible list."""
+    return True
 
 
 def _kv_may_preempt(sched: Any) -> bool:

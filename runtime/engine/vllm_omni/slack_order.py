@@ -7,17 +7,21 @@ only; the baselines keep vLLM's order):
   requests as (1) those at risk — continuations and protected requests, on-time short-path
   prefills — in deadline order, (2) late short-path prefills in queue order, (3) long-path
   requests that still have slack (unprotected, before `protect_at`) in deadline order, (4) late
-  long-path prefills in queue order. A late short-path prompt has missed its SLO, so it yields
-  to requests that can still meet theirs; but never to long-path requests with seconds of
-  slack, which lose nothing by a short prefill first. Late short-path prefills are visible in
-  every phase (a long-path phase would otherwise hide them behind the speech it admits).
+  long-path prefills and those that can no longer meet their deadline, in deadline order. A
+  late short-path prompt has missed its SLO, so it yields to requests that can still meet
+  theirs; but never to long-path requests with seconds of slack, which lose nothing by a short
+  prefill first. Late short-path prefills are visible in every phase (a long-path phase would
+  otherwise hide them behind the speech it admits). A long-path prompt that can no longer make
+  its deadline goes last: under overload the places go to those that still can.
 * **Victim order** (`order_running`): vLLM's FCFS scheduler, when a running request cannot get
   its KV blocks, preempts `running[-1]`. The plugin keeps `running` ordered so that the tail is
-  the request HorizonServe would give up first: short-path requests in front (admission
-  order), then long-path ones by slack ratio, those already handed downstream (slack ∞) last,
-  newest last. So vLLM's own KV preemption never picks a short-path request while a long-path
-  request runs, and among long-path ones takes the one with the most slack. The same order
-  hands vLLM's token budget to short-path requests first.
+  the request HorizonServe would give up first: short-path requests in front, then long-path
+  ones whose first response is at risk (past `protect_at`, not yet handed downstream) by
+  deadline, then the other long-path ones in admission order, newest last (the fewest tokens
+  to recompute, as vLLM's priority policy picks). So vLLM's own KV preemption never picks a
+  short-path request while a long-path request runs. The same order hands vLLM's token budget
+  to short-path requests first. Applied only in steps where that preemption can act (fewer
+  free KV blocks than the running requests could take).
 * **Measured recompute cost** (`RecomputeCost`, `preemption_pays`): a shared-stage preemption
   costs the victim's recompute: its prompt and decoded tokens prefilled again, at the per-token
   prefill time measured from the engine's own steps (step interval against the tokens the step
@@ -54,7 +58,7 @@ def view_order(
     front: list[tuple[tuple[float, int], T]] = []
     late_short: list[T] = []
     slack_long: list[tuple[tuple[float, int], T]] = []
-    late_long: list[T] = []
+    late_long: list[tuple[tuple[float, int], T]] = []
     for item in queue:
         sig = signals(item)
         if not sig.long_path:
@@ -71,17 +75,18 @@ def view_order(
             else:
                 front.append(((sig.deadline, sig.seq), item))
         elif sig.late or sig.can_wait_s(now) < 0.0:
-            late_long.append(item)  # late, or can no longer meet its deadline
+            late_long.append(((sig.deadline, sig.seq), item))  # late, or can no longer make it
         elif sig.protected or now >= sig.protect_at:
             front.append(((sig.deadline, sig.seq), item))
         else:
             slack_long.append(((sig.deadline, sig.seq), item))
     front.sort(key=_first)
     slack_long.sort(key=_first)
+    late_long.sort(key=_first)
     out = [item for _, item in front]
     out.extend(late_short)
     out.extend(item for _, item in slack_long)
-    out.extend(late_long)
+    out.extend(item for _, item in late_long)
     return out
 
 
