@@ -175,3 +175,23 @@ def test_the_measured_rule_still_vetoes_a_recompute_that_makes_others_late():
     assert preemption_pays(0.01, 0.1, [5.0, 2.0, -0.5])  # none hurt (late ones do not count)
     assert not preemption_pays(0.01, 0.1, [0.005] * 9)  # 9 pushed past their deadline
     assert not preemption_pays(0.2, 0.1, [])  # costs more than the wait it saves
+
+
+@pytest.mark.parametrize("victim_order", [True, False])
+def test_the_async_scheduler_under_kv_pressure(build, clock, victim_order):
+    """The same squeeze on the async scheduler (outputs one step late): with the order vLLM
+    evicts the speech decode, without it the text request (the fault), every time."""
+    sched, config = build("omni_ar_async", max_num_seqs=4, num_blocks=5, max_num_batched_tokens=64)
+    sched.horizon.victim_order = victim_order
+    add(sched, config, clock, [("L0", SPEECH, 0)], n=32, max_tokens=40)
+    pending = None
+    evicted: set[str] = set()
+    for step in range(6):
+        if step == 1:
+            add(sched, config, clock, [("S1", TEXT, 0)], n=16, max_tokens=8)
+        out = sched.schedule()
+        evicted |= set(out.preempted_req_ids)
+        if pending is not None:
+            sched.update_from_output(*pending)
+        pending = (out, fake_model_output(sched, out))
+    assert evicted == ({"L0"} if victim_order else {"S1"})
