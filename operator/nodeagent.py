@@ -9,8 +9,9 @@ ConfigMap holds (mounted read-only by the kubelet at STORED) into the writable D
 `horizonserve calibrate --mode auto` finds them and skips, then runs CMD.
 
 `upload` (sidecar, the pod's only token): merge-patches the artifacts in DIR into the node's
-ConfigMap (its Role allows `patch` on that one object and nothing else), then runs CMD. A
-failed upload is logged and never stops the sidecar: the next pod calibrates again.
+ConfigMap (its Role allows `patch` on its OmniService's node ConfigMaps and nothing else; it
+is told only its own node's name), then runs CMD. A failed upload is logged and never stops
+the sidecar: the next pod calibrates again.
 
 Keys: `artifact.<file name>` with characters a ConfigMap key cannot hold replaced by `_`.
 """

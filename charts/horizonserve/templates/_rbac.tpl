@@ -5,7 +5,7 @@ The operator's RBAC rules, in two sets:
   CRDs) and, in namespaced mode, the one cluster-wide OmniService read the finalizer cleanup
   needs. Always granted by a ClusterRole.
 - "horizonserve.rbac.namespacedRules": objects that live in namespaces (OmniServices, serving
-  pods, their ConfigMaps, Services and per-pod RBAC, events). Granted by a Role in
+  pods, their ConfigMaps, Services and the sidecars' RBAC, events). Granted by a Role in
   operator.watchNamespace in namespaced mode (nothing of it anywhere else), or by the
   ClusterRole in cluster-wide mode: OmniServices may then live in any namespace, and a Role can
   only be granted per namespace, so the pod / ServiceAccount / RBAC writes are cluster-wide.
