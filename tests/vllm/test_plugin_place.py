@@ -124,3 +124,23 @@ def test_a_full_answer_table_drops_the_record_and_counts_it(tmp_path):
     assert answers.take("b") == AnswerLengths.MAX_TOKENS  # clamped to the i32 field
     assert answers.record("c", 5) and answers.take("c") == 5
     answers.close()
+
+
+def test_a_killed_servers_answer_table_is_removed_at_the_next_start(hs_env, tmp_path):
+    import struct
+
+    from horizonserve.runtime.engine.vllm_omni import shared
+    from horizonserve.runtime.monitor import RequestTable
+
+    stale = tmp_path / f"{shared.ANSWERS_PREFIX}-dead-1"
+    RequestTable.create(stale).close()
+    with open(stale, "r+b") as f:  # creator pid (header field 6, offset 40): none alive
+        f.seek(40)
+        f.write(struct.pack("@q", 2**31 - 7))
+    shared.create_fresh()
+    try:
+        assert not stale.exists() and shared.answers_path().exists()
+    finally:
+        shared.reset_for_tests()
+        for path in (shared.record_path(), shared.table_path(), shared.answers_path()):
+            path.unlink(missing_ok=True)

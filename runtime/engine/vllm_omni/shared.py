@@ -39,6 +39,8 @@ from horizonserve.runtime.monitor import (
     shm_dir,
     shm_path,
 )
+from horizonserve.runtime.monitor.cleanup import STALE_CHECKS
+from horizonserve.runtime.monitor.request_table import stale_table
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +48,8 @@ T = TypeVar("T")
 RECORD_PREFIX = "horizonserve-vllm-control"
 TABLE_PREFIX = "horizonserve-vllm-requests"
 ANSWERS_PREFIX = "horizonserve-vllm-answers"
+# The answers file is a request table: a killed server's is removed like its request table.
+STALE_CHECKS.setdefault(f"{ANSWERS_PREFIX}-", stale_table)
 N_SLOTS = 4  # downstream stages 1..4 → slots 0..3
 TABLE_CAPACITY = 4096
 
@@ -122,7 +126,7 @@ def become_root() -> bool:
 def create_fresh() -> None:
     """Root only: create both files anew and remove them when this process exits."""
     global _record, _table, _answers
-    remove_stale(shm_dir())  # files of servers killed before they could remove them
+    remove_stale(shm_dir(), tuple(STALE_CHECKS))  # files of servers killed before removing them
     with _lock:
         _record = ControlRecord.create(record_path(), n_slots=N_SLOTS)
         _table = RequestTable.create(table_path(), capacity=TABLE_CAPACITY)
