@@ -17,6 +17,7 @@ from typing import Any
 from horizonserve.runtime.engine.reference.pipeline import (
     Pipeline,
     PipelineOptions,
+    QueueFullError,
     RequestHandle,
     SharingMismatchError,
 )
@@ -175,6 +176,8 @@ class ReferenceBackend:
                 handles.append((item.at_s, pipeline.submit(item.spec, arrival=due)))
             except ValueError as exc:
                 errors.append({"id": item.spec.rid, "error": str(exc)})
+            except QueueFullError as exc:  # shed by the queue limits: never served, a miss
+                errors.append({"id": item.spec.rid, "error": str(exc), "shed": exc.reason})
         deadline = time.monotonic() + drain_timeout_s
         unfinished = 0
         for _, h in handles:

@@ -10,8 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from horizonserve.runtime.engine.reference import PipelineOptions, RequestSpec
-from horizonserve.runtime.engine.reference.pipeline import Pipeline, QueueFullError
+from horizonserve.runtime.engine.reference import (
+    PipelineOptions,
+    ReferenceBackend,
+    RequestSpec,
+    TimedRequest,
+)
+from horizonserve.runtime.engine.reference.pipeline import QueueFullError
 from horizonserve.runtime.shedding import QUEUE_FULL, QueueLimits, front_gate
 from tests.runtime.builders import make_config
 
@@ -32,7 +37,8 @@ def test_the_front_refuses_past_the_request_limit_and_counts_the_refused_a_miss(
         downstream=("image",),
         queue_limits=QueueLimits(max_num_queued_reqs=1),
     )
-    with Pipeline(options) as p:
+    with ReferenceBackend(options) as backend:
+        p = backend.pipeline
         first = p.submit(RequestSpec("a", priority=0, input_tokens=8, output_tokens=64))
         t = time.monotonic()
         with pytest.raises(QueueFullError, match=r"queue limits \(queue_full\)") as exc:
@@ -43,3 +49,11 @@ def test_the_front_refuses_past_the_request_limit_and_counts_the_refused_a_miss(
         assert first.wait_done(120) and first.record.failure is None
         again = p.submit(RequestSpec("c", priority=0, input_tokens=8, output_tokens=4))
         assert again.wait_done(120) and again.record.failure is None
+        # A trace run keeps going past refusals and reports each one, with vLLM's reason.
+        burst = [
+            TimedRequest(0.0, RequestSpec(f"t{i}", priority=0, input_tokens=8, output_tokens=32))
+            for i in range(3)
+        ]
+        result = backend.run(burst, drain_timeout_s=120)
+        assert len(result.records) == 1 and result.unfinished == 0
+        assert [e["shed"] for e in result.rejected] == [QUEUE_FULL, QUEUE_FULL]
