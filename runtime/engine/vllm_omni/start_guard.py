@@ -16,7 +16,7 @@ plugins, to build its scheduler; while HorizonServe is on it
 from __future__ import annotations
 
 import functools
-import logging
+import sys
 from typing import Any
 
 from horizonserve.runtime.engine.vllm_omni import settings
@@ -26,8 +26,6 @@ from horizonserve.runtime.engine.vllm_omni.pipelines import (
     GENERATION_SCHEDULER,
     HORIZON_SCHEDULERS,
 )
-
-log = logging.getLogger(__name__)
 
 WRAPPED = "__horizonserve_wrapped__"
 _MODULE = "horizonserve.runtime.engine.vllm_omni.scheduler"
@@ -78,11 +76,13 @@ def install_guard(cls: Any) -> bool:
             target = REPLACES.get(name)
             if target is None:
                 raise refusal(self.scheduler_cls)
-            log.warning(
-                "HorizonServe: this stage was configured with %s (its stage configs were built "
-                "before the plugin loaded); running %s instead",
-                name,
-                target,
+            # stderr, not a logger: engine cores leave the root logger to whatever their
+            # imports configured, and this line must be seen wherever the stage runs
+            print(
+                f"HorizonServe: this stage was configured with {name} (its stage configs were "
+                f"built before the plugin loaded); running {target} instead",
+                file=sys.stderr,
+                flush=True,
             )
             self.scheduler_cls = target
         return orig(self)
