@@ -3,7 +3,8 @@ split sweep behind mps-static. Shipped (fitted H200) artifact; SLO = 5 × simula
 as `horizonserve sim run` sets it; each cell the mean over seeds of 120-s points (first 10 %
 not scored). Run from the repository root:
 
-    python bench/results/sim/baselines-2026/points.py sweep --seeds 2 > static-sweep.txt
+    python bench/results/sim/baselines-2026/points.py sweep --seeds 4 > static-sweep.txt
+    python bench/results/sim/baselines-2026/points.py window --seeds 3 > window-sweep.txt
     python bench/results/sim/baselines-2026/points.py points --seeds 3 --json points.json \\
         > points.txt
 """
@@ -38,6 +39,7 @@ POINTS: dict[str, tuple[tuple[float, float | None], ...]] = {
 }
 SWEEP_RATE = {"qwen2_5_omni": 8.0, "mimo_audio": 10.0, "bagel": 2.0}
 SHARES = tuple(range(16, 124, 8))  # shared-stage SMs of 132
+WINDOWS = (2, 4, 8, 12)  # the talker's active-stream window K
 _CACHE: dict[str, Any] = {}
 
 
@@ -52,12 +54,14 @@ def _setup(pipeline: str) -> Any:
     return _CACHE[pipeline]
 
 
-def _one(job: tuple[str, str, float, float | None, int, float, int | None]) -> dict[str, Any]:
-    pipeline, system, rate, long_ratio, seed, duration, share = job
+Job = tuple[str, str, float, float | None, int, float, dict[str, int] | None]
+
+
+def _one(job: Job) -> dict[str, Any]:
+    pipeline, system, rate, long_ratio, seed, duration, baseline = job
     setup, wl = _setup(pipeline)
     mix = mix_weights(wl, setup.long_classes, long_ratio)
     tr = generate(wl, mix, rate=rate, duration_s=duration, warmup_s=0.1 * duration, seed=seed)
-    baseline = {"share": share} if share is not None else None
     s = summarize(simulate(setup, tr, system, seed=seed, baseline=baseline))
     return {
         "pipeline": pipeline,
@@ -65,7 +69,8 @@ def _one(job: tuple[str, str, float, float | None, int, float, int | None]) -> d
         "rate": rate,
         "long_ratio": long_ratio,
         "seed": seed,
-        "share": share,
+        "share": (baseline or {}).get("share"),
+        "window": (baseline or {}).get("window"),
         "attainment": s["attainment"],
         "short": s["short_attainment"],
         "long": s["long_attainment"],
@@ -81,7 +86,7 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 def sweep(args: argparse.Namespace) -> None:
     jobs = [
-        (p, "mps-static", SWEEP_RATE[p], None, s, args.duration, share)
+        (p, "mps-static", SWEEP_RATE[p], None, s, args.duration, {"share": share})
         for p in args.pipelines
         for share in SHARES
         for s in range(args.seeds)
@@ -105,6 +110,32 @@ def sweep(args: argparse.Namespace) -> None:
         assert best is not None
         print(f"\nbest static split: {best[0]} SMs shared, {132 - best[0]} downstream "
               f"({100 * best[1]:.1f} %)")  # fmt: skip
+
+
+def window(args: argparse.Namespace) -> None:
+    """vllm-omni-current with the talker's window K fixed, against K = the real-time count."""
+    pipes = [p for p in args.pipelines if p != "bagel"]  # no streaming stage in BAGEL
+    jobs: list[Job] = [
+        (p, "vllm-omni-current", SWEEP_RATE[p], None, s, args.duration, w)
+        for p in pipes
+        for w in (None, *({"window": k} for k in WINDOWS))
+        for s in range(args.seeds)
+    ]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(_one, jobs, chunksize=2))
+    print(
+        f"SIMULATED: vllm-omni-current, the talker's active-stream window K, {args.seeds} "
+        f"seeds of {args.duration:g}-s points (default: K = streams kept at real time)"
+    )
+    for p in pipes:
+        print(f"\n## {p} at {SWEEP_RATE[p]:g} req/s\n")
+        print("| K | attainment | short-path | long-path |")
+        print("|---|---|---|---|")
+        for k in (None, *WINDOWS):
+            sel = [r for r in rows if r["pipeline"] == p and r["window"] == k]
+            label = f"default ({sel[0]['window_k']:g})" if k is None else str(k)
+            att, short, long = (100 * _mean(sel, c) for c in ("attainment", "short", "long"))
+            print(f"| {label} | {att:.1f} % | {short:.1f} % | {long:.1f} % |")
 
 
 def points(args: argparse.Namespace) -> None:
@@ -152,7 +183,7 @@ def points(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("action", choices=("sweep", "points"))
+    ap.add_argument("action", choices=("sweep", "window", "points"))
     ap.add_argument("--pipelines", default="qwen2_5_omni,mimo_audio,bagel")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=120.0)
@@ -160,7 +191,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     args.pipelines = [p for p in args.pipelines.split(",") if p]
-    (sweep if args.action == "sweep" else points)(args)
+    {"sweep": sweep, "window": window, "points": points}[args.action](args)
 
 
 if __name__ == "__main__":
