@@ -65,3 +65,24 @@ def static_share(pipeline: str, total_sms: int, override: int | None = None) -> 
             f"mps-static: share {share} SMs out of range; use 1 to {total_sms - 1} of {total_sms}"
         )
     return share
+
+
+# The rules each engine applies. A preset whose rules an engine lacks is refused there rather
+# than run as the plain preset it would otherwise fall back to.
+ENGINE_RULES: dict[str, frozenset[str]] = {
+    "sim": frozenset({"shed", "window", "tiered", "static_share"}),
+    "reference": frozenset({"shed"}),
+}
+
+
+def check_engine(name: PolicyName | str, engine: str) -> None:
+    """ValueError naming the policy and what to run instead when `engine` lacks its rules."""
+    r = rules_for(name)
+    wanted = {k for k in ("shed", "window", "tiered", "static_share") if getattr(r, k)}
+    missing = sorted(wanted - ENGINE_RULES.get(engine, frozenset()))
+    if missing:
+        raise ValueError(
+            f"policy {PolicyName(name).value!r}: the {engine} engine does not apply its rules "
+            f"({', '.join(missing)}); run it in the simulator (horizonserve sim), or pick "
+            "another policy"
+        )

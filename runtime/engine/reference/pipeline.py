@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from horizonserve.runtime.baselines import check_engine
 from horizonserve.runtime.config import Path, PolicyName, Priority, RequestClass, ServingConfig
 from horizonserve.runtime.downstream import PlaybackClock
 from horizonserve.runtime.engine.reference.defaults import reference_config
@@ -416,6 +417,7 @@ class Pipeline:
         self.device = resolve_device(opts.device)
         cuda = self.device.startswith("cuda")
         policy = opts.policy or (opts.config.policy.value if opts.config else "horizon")
+        check_engine(policy, "reference")
         self.sharing = self._choose_sharing(policy, cuda)
         if uses_mps(self.sharing):
             self._start_mps()
@@ -887,6 +889,7 @@ class Pipeline:
         if self.config is None or not self._running:
             raise PipelineError("pipeline is not running")
         name = PolicyName(policy)
+        check_engine(name, "reference")
         if self.options.sharing == "auto" and self.device.startswith("cuda"):
             wanted = self._choose_sharing(name.value, True)
             if wanted != self.sharing and not (wanted == MPS_GC and self.sharing == GC):

@@ -10,13 +10,14 @@ import pytest
 
 pytest.importorskip("torch")
 
+from horizonserve.runtime.baselines import check_engine
 from horizonserve.runtime.engine.reference import (
     PipelineOptions,
     ReferenceBackend,
     RequestSpec,
     TimedRequest,
 )
-from horizonserve.runtime.engine.reference.pipeline import QueueFullError
+from horizonserve.runtime.engine.reference.pipeline import Pipeline, QueueFullError
 from horizonserve.runtime.shedding import QUEUE_FULL, QueueLimits, front_gate
 from tests.runtime.builders import make_config
 
@@ -26,6 +27,14 @@ def test_only_the_shed_presets_gate_the_front() -> None:
     assert front_gate("horizon", config, 16) is None and front_gate("edf-mps", config, 16) is None
     gate = front_gate("shed-edf", config, 16)
     assert gate is not None and gate.gate.limits.max_num_queued_reqs == 32
+
+
+@pytest.mark.parametrize("policy", ["vllm-omni-current", "mps-static"])
+def test_a_preset_whose_rules_the_engine_lacks_is_refused_not_run_plain(policy: str) -> None:
+    with pytest.raises(ValueError, match=f"policy '{policy}': the reference engine does not"):
+        Pipeline(PipelineOptions(preset="tiny", device="cpu", policy=policy)).start()
+    check_engine("shed", "reference")
+    check_engine(policy, "sim")
 
 
 def test_the_front_refuses_past_the_request_limit_and_counts_the_refused_a_miss() -> None:
