@@ -20,9 +20,9 @@ from horizonserve.runtime.sim.systems import ABLATIONS, BASELINES, SYSTEMS
 # markers follow the registry's order, so every system (also one added later) gets its own.
 _COLORS = (
     "tab:red", "tab:gray", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:cyan",
-    "tab:olive", "tab:brown", "tab:pink", "black", "gold", "navy", "lime",
+    "tab:olive", "tab:brown", "tab:pink", "black", "gold", "navy", "lime", "maroon", "teal",
 )  # fmt: skip
-_MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*", "+", "<", ">", "h", "p", "1")
+_MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*", "+", "<", ">", "h", "p", "1", "2", "3")
 NOTE_WIDTH = 100
 
 
