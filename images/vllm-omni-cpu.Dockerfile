@@ -23,6 +23,11 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 ARG PIP_CERT=""
 
+# vLLM's CPU kernels (vllm._C) link libnuma; Debian's package, before the sources so that a
+# source change keeps this layer.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -2,8 +2,8 @@
 
     python omni_start_paths.py {async_omni|omni} --model DIR --deploy FILE --out result.json
 
-`async_omni`: `AsyncOmni(...)`, one text request; `omni`: the offline `Omni(...)`, one text
-request through `generate`. Either the stages come up (the test platform's trace then says
+`async_omni`: `AsyncOmni(...)`, one text request; `omni`: the offline `Omni(...)`, one request
+through `generate` (text and audio out: the offline API has no per-request modalities). Either the stages come up (the test platform's trace then says
 which scheduler each stage was configured with) or the entry point refuses to start; the JSON
 result says which, with the refusal's line. (`vllm serve --omni` is test_omni_pipeline.py.)
 """
@@ -20,12 +20,6 @@ from pathlib import Path
 from typing import Any
 
 PROMPT = {"prompt": "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"}
-
-
-def _text_params(engine: Any) -> list[Any]:
-    params = [p.clone() if hasattr(p, "clone") else p for p in engine.default_sampling_params_list]
-    params[0].max_tokens = 4
-    return params
 
 
 async def run_async_omni(model: str, deploy: str) -> dict[str, Any]:
@@ -45,7 +39,7 @@ def run_omni(model: str, deploy: str) -> dict[str, Any]:
 
     omni = Omni(model=model, deploy_config=deploy)
     try:
-        outputs = omni.generate([PROMPT], output_modalities=["text"])
+        outputs = omni.generate([PROMPT])  # every stage: text and audio out
         return {"started": True, "outputs": len(list(outputs))}
     finally:
         omni.shutdown()

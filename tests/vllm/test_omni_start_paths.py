@@ -80,4 +80,6 @@ def test_start_path_runs_horizonserve_in_every_stage(
         assert any(configured in ln and SCHEDULERS[stage] in ln for ln in swaps), (stage, swaps)
     # and the API hooks stamped the request for every stage it ran in
     stamped = [n["stamp"] for e in result["trace"] if e["ev"] == "step" for n in e["new"]]
-    assert stamped and all(s and s["class"] == "text-text" for s in stamped), stamped
+    want = "text-text" if path == "async_omni" else "text-speech"  # Omni: text + audio out
+    assert stamped and all(s and s["class"] == want for s in stamped), stamped
+    assert all(s["deadline_ns"] > s["arrival_ns"] for s in stamped)
