@@ -3,9 +3,10 @@
     python omni_start_paths.py {async_omni|omni} --model DIR --deploy FILE --out result.json
 
 `async_omni`: `AsyncOmni(...)`, one text request; `omni`: the offline `Omni(...)`, one request
-through `generate` (text and audio out: the offline API has no per-request modalities). Either the stages come up (the test platform's trace then says
-which scheduler each stage was configured with) or the entry point refuses to start; the JSON
-result says which, with the refusal's line. (`vllm serve --omni` is test_omni_pipeline.py.)
+through `generate` (text and audio out: the offline API has no per-request modalities). The
+JSON result says whether the stages came up (and with what output), or the error; the test
+platform's trace says what each stage's worker ran. (`vllm serve --omni` is
+test_omni_pipeline.py.)
 """
 
 from __future__ import annotations
