@@ -37,10 +37,12 @@ Trust (what a compromised serving pod can reach):
   pods: a per-node identity cost three API writes per node), whose Role allows `patch` on the
   node ConfigMaps of that OmniService and nothing else: not a pod, not another ConfigMap.
 * A node speaks only for itself: a node's ConfigMap is named from the OmniService's uid, the
-  node's uid and the calibration key (`node_state_name`), digested, so a pod cannot derive a
-  sibling's ConfigMap name from anything it sees (it is told only its own), and the operator
-  maps a ConfigMap to its node by that name alone, never by a label or annotation (which the
-  sidecar's `patch` could change). A summary whose `node` is not that node is ignored.
+  node's uid and the calibration key (`node_state_name`), and the operator maps a ConfigMap
+  to its node by that name alone, never by a label or annotation (which the sidecar's `patch`
+  could change); a summary whose `node` is not that node is ignored. The shared Role would
+  still let a sidecar write a sibling's ConfigMap (its names are visible to it through a
+  SelfSubjectRulesReview): on 1.30+ the chart's node-state admission policy refuses that by
+  the node bound into the pod's token (docs/operator.md).
 """
 
 from __future__ import annotations
@@ -171,17 +173,18 @@ def calibration_for(model: str, labels: Mapping[str, str]) -> str:
 def node_state_name(owner: Owner, node: str, node_uid: str, key: str) -> str:
     """The node's ConfigMap: bound to the node object (its uid) and the calibration key.
 
-    The digest covers the OmniService's uid, which no serving pod is told, so the name of a
-    sibling node's ConfigMap cannot be derived inside a pod. A node deleted and re-created is
-    a new node (new uid): it calibrates again. A drain or a reboot keeps the uid.
+    A node deleted and re-created is a new node (new uid): it calibrates again. A drain or a
+    reboot keeps the uid.
     """
     bound = _digest(f"{owner.uid}/{node}/{node_uid}/{key}", 12)
     return bounded_name(owner.name, node, bound, limit=253)
 
 
 def sidecar_identity_name(osvc: str) -> str:
-    """The ServiceAccount, Role and RoleBinding shared by an OmniService's sidecars."""
-    return bounded_name(osvc, "sidecar")
+    """The ServiceAccount, Role and RoleBinding shared by an OmniService's sidecars. Always
+    ends in `-sidecar` (the chart's node-state admission policy matches on it): an OmniService
+    name is at most 63 characters, the limit here is 253."""
+    return bounded_name(osvc, "sidecar", limit=253)
 
 
 def selector_labels(osvc: str) -> dict[str, str]:

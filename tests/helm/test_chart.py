@@ -449,10 +449,13 @@ def test_admission_policy_only_where_served_and_with_the_chart_policy(helm_bin: 
     assert not find(template(helm_bin), "ValidatingAdmissionPolicy")
     served = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
     docs = template(helm_bin, extra=served)
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
+    (policy,) = [p for p in find(docs, "ValidatingAdmissionPolicy")
+                 if not p["metadata"]["name"].endswith("-node-state")]  # fmt: skip
+    bindings = find(docs, "ValidatingAdmissionPolicyBinding")
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(
+        p["metadata"]["name"] for p in find(docs, "ValidatingAdmissionPolicy")
+    )
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert '["ghcr.io"]' in rules  # the chart's own serving image's registry by default
     assert "startsWith('system-')" in rules and "startsWith('-')" in rules
@@ -464,16 +467,30 @@ def test_admission_policy_only_where_served_and_with_the_chart_policy(helm_bin: 
         },
         extra=served,
     )
-    rules = " ".join(v["expression"] for v in one(docs, "ValidatingAdmissionPolicy")["spec"][
-        "validations"])  # fmt: skip
+    rules = " ".join(v["expression"] for p in find(docs, "ValidatingAdmissionPolicy")
+                     for v in p["spec"]["validations"])  # fmt: skip
     assert '["registry.example:5000"]' in rules and '["gpu-serving"]' in rules
+    # A node speaks only for itself (1.30+ tokens carry the pod's node): a sidecar may update
+    # only its own node's ConfigMap, never its labels or annotations.
+    (node_state,) = [p for p in find(docs, "ValidatingAdmissionPolicy")
+                     if p["metadata"]["name"].endswith("-node-state")]  # fmt: skip
+    spec = node_state["spec"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["configmaps"]
+    assert spec["matchConstraints"]["objectSelector"]["matchLabels"] == {
+        "app.kubernetes.io/component": "node-state",
+        "app.kubernetes.io/managed-by": "horizonserve-operator",
+    }
+    assert "-sidecar" in spec["matchConditions"][0]["expression"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    assert "authentication.kubernetes.io/node-name" in checks
+    assert "horizonserve.io/node-name" in checks and "oldObject.metadata.labels" in checks
     # spec.modelSource / spec.engineArgs (operator/model_source.py): one kind, the weights
     # image's registry, --trust-remote-code only where the chart allows it.
     assert "has(object.spec.modelSource.pvc)" in rules and "variables.weightsRegistry" in rules
     assert "trustRemoteCode" in rules
     docs = template(helm_bin, {"modelSource.allowTrustRemoteCode": True}, extra=served)
-    rules = " ".join(v["expression"] for v in one(docs, "ValidatingAdmissionPolicy")["spec"][
-        "validations"])  # fmt: skip
+    rules = " ".join(v["expression"] for p in find(docs, "ValidatingAdmissionPolicy")
+                     for v in p["spec"]["validations"])  # fmt: skip
     assert "trustRemoteCode" not in rules and "weightsRegistry" in rules
 
 

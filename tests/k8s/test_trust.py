@@ -311,9 +311,9 @@ def test_one_gpu_one_owner_taints_drift_endpoint_and_pss(env: dict[str, Any]) ->
         assert restricted_violations(pod["spec"]) == [], pod["metadata"]["name"]
 
     # A serving pod's own credentials (one ServiceAccount per OmniService): its ConfigMap
-    # yes; another OmniService's ConfigMap, any other ConfigMap, pods, no. (A sibling node's
-    # ConfigMap name is a digest of uids no pod is told; the operator reads each node's
-    # summary only from the ConfigMap bound to it: tests/k8s/test_ownership.py.)
+    # yes; another OmniService's ConfigMap, any other ConfigMap, pods, no. (Its sibling
+    # nodes' ConfigMaps, yes: on 1.30+ the chart's node-state admission policy refuses that by
+    # the node bound into the pod's token; docs/operator.md says what older servers allow.)
     a, b = pods["t-a"], pods["t-b"]
     sa = a["spec"]["serviceAccountName"]
     cm_a = pod_env(a, "HORIZONSERVE_SUMMARY_CONFIGMAP")

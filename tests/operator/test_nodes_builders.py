@@ -282,6 +282,8 @@ def test_sidecar_rbac_is_the_omniservice_configmaps_only() -> None:
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
          "resourceNames": ["cm-a", "cm-b"]}
     ]  # fmt: skip
+    # Always `<name>-sidecar`, also for the longest name (the node-state policy matches it).
+    assert builders.sidecar_identity_name("a" * 63) == "a" * 63 + "-sidecar"
     # No ConfigMap: no rule at all (an empty resourceNames would mean every ConfigMap).
     assert builders.sidecar_role(OWNER, [])["rules"] == []
     assert sa["automountServiceAccountToken"] is False
