@@ -322,9 +322,10 @@ class SlackQueue(_Handout[T]):
         if free_at is not None and s_per_work > 0.0 and any(e.work > 0.0 for e in meet):
             head = meet[:PLACE_HORIZON]
             kept = place_order(now, free_at, [(e.late_at, e.work * s_per_work) for e in head])
-            chosen = set(kept)
-            deferred = [e for i, e in enumerate(head) if i not in chosen]
-            meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
+            if len(kept) < len(head):  # else every one starts in time: deadline order stands
+                chosen = set(kept)
+                deferred = [e for i, e in enumerate(head) if i not in chosen]
+                meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
         out = [(e.item, False) for e in meet[:n]]
         if len(out) < n:
             known = (t[2] for t in self._late)
