@@ -392,7 +392,7 @@ class SharedStageController:
     def end_step(self, sched: Any, out: Any) -> int:
         """Publish the step's split once its batch is known; returns the shared SMs published.
 
-        The shared count is `policy.prefill_sms` over the prompts the step prefills (the whole
+        The shared count is `decision.prefill_sms` over the prompts the step prefills (the whole
         forward, prefill and decode, runs on it); downstream headroom and level stay as
         `begin_step` decided them.
         """
@@ -406,7 +406,7 @@ class SharedStageController:
         if self._boost:
             prompts = self._prefill_prompts(sched, out)  # every step: keeps `_chunked` current
             if prompts and sm.prefill != sm.shared:
-                sms = self.policy.prefill_sms(sm, prompts, self._step_ns * 1e-9)
+                sms = decision.prefill_sms(prompts)  # at the step's own `now`
         self.last_shared_sms = sms
         if self.writer is not None:
             smoothed = _NAN if decision.pressure is None else decision.pressure
