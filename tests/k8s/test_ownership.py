@@ -361,30 +361,30 @@ def test_ownership_goes_to_who_can_serve(env: dict[str, Any]) -> None:
     taint = {"key": "dedicated", "value": "b", "effect": "NoSchedule"}
     create_node(cluster, "own-t", labels={"pool": "owner"}, taints=[taint])
     create_node(cluster, "own-r", labels={"pool": "owner2"})
-    # Older, but can never run here: does not tolerate the taint / its RuntimeClass is missing.
-    assert (
-        _apply(cluster, "untolerant", {**BASE, "nodeSelector": {"pool": "owner"}}).returncode == 0
-    )
-    assert (
-        _apply(
-            cluster,
-            "classless",
-            {**BASE, "nodeSelector": {"pool": "owner2"}, "runtimeClassName": "missing"},
-        ).returncode
-        == 0
-    )
+    create_node(cluster, "own-p", labels={"pool": "owner3"})
+    # Older, but can never run there: does not tolerate the taint; its RuntimeClass, its
+    # PriorityClass are missing.
+    unusable = {
+        "untolerant": {"nodeSelector": {"pool": "owner"}},
+        "classless": {"nodeSelector": {"pool": "owner2"}, "runtimeClassName": "missing"},
+        "prioless": {"nodeSelector": {"pool": "owner3"}, "priorityClassName": "missing-prio"},
+    }
+    for name, extra in unusable.items():
+        assert _apply(cluster, name, {**BASE, **extra}).returncode == 0, name
     time.sleep(1.1)  # creationTimestamps have one-second resolution
     tolerant = {**BASE, "nodeSelector": {"pool": "owner"},
                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "b",
                                  "effect": "NoSchedule"}]}  # fmt: skip
     assert _apply(cluster, "tolerant", tolerant).returncode == 0
-    assert _apply(cluster, "classy", {**BASE, "nodeSelector": {"pool": "owner2"}}).returncode == 0
+    for name, pool in (("classy", "owner2"), ("prioritised", "owner3")):
+        assert _apply(cluster, name, {**BASE, "nodeSelector": {"pool": pool}}).returncode == 0
     _wait_nodes(cluster, "tolerant", {"own-t"})
     _wait_nodes(cluster, "classy", {"own-r"})
-    for name in ("tolerant", "classy"):
+    _wait_nodes(cluster, "prioritised", {"own-p"})
+    for name in ("tolerant", "classy", "prioritised"):
         assert condition(get_osvc(cluster, NS, name), "Conflict").get("status") == "False", name
-    _delete(cluster, "untolerant", "classless", "tolerant", "classy")
-    for node in ("own-t", "own-r"):
+    _delete(cluster, "untolerant", "classless", "prioless", "tolerant", "classy", "prioritised")
+    for node in ("own-t", "own-r", "own-p"):
         cluster.request("DELETE", f"/api/v1/nodes/{node}")
 
 
