@@ -394,3 +394,33 @@ spec: {pipeline: mimo_audio, allGpuNodes: true}
         cluster.kubectl("delete", "osvc", "-n", ns, "fleet", "--wait=true", "--timeout=60s")
     text = log.read_text()
     assert "Traceback" not in text and "forbidden" not in text.lower(), text[-4000:]
+
+
+def test_one_tenants_unusable_service_blocks_no_other_tenant(cluster: Any, ns: str) -> None:
+    """Cluster-wide: an older allGpuNodes OmniService in one namespace that can never run a pod
+    (its RuntimeClass is missing) does not own the GPU nodes of another namespace's service."""
+    other = new_namespace(cluster, prefix="tenant")
+    create_node(cluster, "gpu-t")
+    older = """
+apiVersion: horizonserve.io/v1alpha1
+kind: OmniService
+metadata: {name: greedy}
+spec: {pipeline: bagel, backend: reference, allGpuNodes: true, runtimeClassName: absent}
+"""
+    younger = """
+apiVersion: horizonserve.io/v1alpha1
+kind: OmniService
+metadata: {name: modest}
+spec: {pipeline: bagel, backend: reference, allGpuNodes: true}
+"""
+    args = ["run", "--standalone", "--all-namespaces", "-m", "horizonserve.operator.handlers"]
+    with KopfRunner(args, timeout=30):
+        cluster.kubectl("apply", "-n", other, "-f", "-", input=older)
+        time.sleep(1.1)  # creationTimestamps have one-second resolution
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=younger)
+        _wait_pods(cluster, ns, {"gpu-t"}, "modest")
+        assert condition(get_osvc(cluster, ns, "modest"), "Conflict").get("status") != "True"
+        assert live(serving_pods(cluster, other)) == []
+        for name, space in (("greedy", other), ("modest", ns)):
+            cluster.kubectl("delete", "osvc", "-n", space, name, "--wait=true", "--timeout=60s")
+    cluster.request("DELETE", f"/api/v1/namespaces/{other}")
