@@ -37,10 +37,11 @@ RULES: dict[PolicyName, BaselineRules] = {
     PolicyName.MPS_STATIC: BaselineRules(static_share=True),
 }
 
-# The shared stage's SMs under mps-static, per pipeline, on a 132-SM H200: the best static
-# split of the sweep in bench/results/sim/baselines-2026/static-sweep.txt (SIMULATED; the
-# downstream stages get the rest). Another GPU scales the share by its SM count.
-STATIC_SHARE: dict[str, int] = {"qwen2_5_omni": 72, "mimo_audio": 112, "bagel": 104}
+# The shared stage's SMs under mps-static, per pipeline, on a 132-SM H200: the static split
+# with the highest capacity at 90 % attainment in bench/results/sim/baselines-2026/
+# static-capacity.txt (SIMULATED; the downstream stages get the rest). Another GPU scales the
+# share by its SM count.
+STATIC_SHARE: dict[str, int] = {"qwen2_5_omni": 64, "mimo_audio": 112, "bagel": 40}
 STATIC_SHARE_SMS = 132
 
 

@@ -4,6 +4,7 @@ as `horizonserve sim run` sets it; each cell the mean over seeds of 120-s points
 not scored). Run from the repository root:
 
     python bench/results/sim/baselines-2026/points.py sweep --seeds 4 > static-sweep.txt
+    python bench/results/sim/baselines-2026/points.py capsweep > static-capacity.txt
     python bench/results/sim/baselines-2026/points.py window --seeds 3 > window-sweep.txt
     python bench/results/sim/baselines-2026/points.py points --seeds 3 --json points.json \\
         > points.txt
@@ -85,6 +86,8 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def sweep(args: argparse.Namespace) -> None:
+    if args.rate is not None:
+        SWEEP_RATE.update(dict.fromkeys(args.pipelines, args.rate))
     jobs = [
         (p, "mps-static", SWEEP_RATE[p], None, s, args.duration, {"share": share})
         for p in args.pipelines
@@ -110,6 +113,51 @@ def sweep(args: argparse.Namespace) -> None:
         assert best is not None
         print(f"\nbest static split: {best[0]} SMs shared, {132 - best[0]} downstream "
               f"({100 * best[1]:.1f} %)")  # fmt: skip
+
+
+def _capacity(job: tuple[str, int]) -> tuple[str, int, float]:
+    """mps-static's capacity at 90 % with the shared stage on `share` SMs (as `sim plan`:
+    one 1500-request unit trace, seed 0, 2 % tolerance)."""
+    from dataclasses import replace
+
+    from horizonserve.runtime import baselines
+    from horizonserve.runtime.sim.plan import plan_system
+
+    pipeline, share = job
+    baselines.STATIC_SHARE[pipeline] = share  # this worker's table: the split under test
+    setup, wl = _setup(pipeline)
+    mix = mix_weights(wl, setup.long_classes, None)
+    unit = generate(wl, mix, rate=1.0, n_requests=1500, seed=0)
+    unit = replace(unit, warmup_s=0.1 * unit.duration_s)
+    res = plan_system(setup, unit, "mps-static", target=0.9, tol=0.02, start=1.0)
+    return pipeline, share, res.rate_ok
+
+
+def capsweep(args: argparse.Namespace) -> None:
+    """The static split by capacity at 90 %: shares every 16 SMs, then ±8 around the best."""
+    found: dict[tuple[str, int], float] = {}
+    coarse = [(p, share) for p in args.pipelines for share in range(24, 124, 16)]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for p, share, cap in pool.map(_capacity, coarse):
+            found[(p, share)] = cap
+        fine = []
+        for p in args.pipelines:
+            best = max((c, sh) for (q, sh), c in found.items() if q == p)[1]
+            fine += [(p, sh) for sh in (best - 8, best + 8) if 16 <= sh <= 124]
+        for p, share, cap in pool.map(_capacity, fine):
+            found[(p, share)] = cap
+    print("SIMULATED: mps-static's capacity at 90 % attainment per static split (shared-stage "
+          "SMs of 132; sim plan's search: 1500 requests, seed 0, 2 % tolerance)")  # fmt: skip
+    for p in args.pipelines:
+        print(f"\n## {p}\n")
+        print("| shared SMs | capacity req/s |")
+        print("|---|---|")
+        rows = sorted((sh, c) for (q, sh), c in found.items() if q == p)
+        for sh, c in rows:
+            print(f"| {sh} | {c:.3f} |")
+        sh, c = max(rows, key=lambda r: r[1])
+        print(f"\nbest static split by capacity: {sh} SMs shared, {132 - sh} downstream "
+              f"({c:.3f} req/s)")  # fmt: skip
 
 
 def window(args: argparse.Namespace) -> None:
@@ -183,15 +231,17 @@ def points(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("action", choices=("sweep", "window", "points"))
+    ap.add_argument("action", choices=("sweep", "capsweep", "window", "points"))
     ap.add_argument("--pipelines", default="qwen2_5_omni,mimo_audio,bagel")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--rate", type=float, help="sweep: this rate for every pipeline")
     args = ap.parse_args()
     args.pipelines = [p for p in args.pipelines.split(",") if p]
-    {"sweep": sweep, "window": window, "points": points}[args.action](args)
+    actions = {"sweep": sweep, "capsweep": capsweep, "window": window, "points": points}
+    actions[args.action](args)
 
 
 if __name__ == "__main__":
