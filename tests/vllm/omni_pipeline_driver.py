@@ -42,6 +42,7 @@ TEXT_MAX_TOKENS = 8
 # Thinker answer lengths of the speech requests, longest first: later speech requests reach
 # the talker first, so the talker's arrival order differs from the deadline order.
 SPEECH_MAX_TOKENS = (24, 20, 16, 12, 8, 4)
+TALKER_TOKENS = 24  # codec tokens per speech answer, the same in every way
 START_TIMEOUT_S = 600.0
 # CPU-sized solo p95s (the shipped table is for an H200), × the table's multiplier 5:
 # short path (text first token) 0.4 s, long path (speech first audio) 10 s.
@@ -59,7 +60,11 @@ def cpu_deploy(out: Path) -> Path:
     data["dtype"] = "float32"
     for stage in data["stages"]:
         params = stage.setdefault("default_sampling_params", {})
-        params["max_tokens"] = {0: max(SPEECH_MAX_TOKENS), 1: 64, 2: 2048}[stage["stage_id"]]
+        params["max_tokens"] = {0: max(SPEECH_MAX_TOKENS), 1: TALKER_TOKENS, 2: 2048}[
+            stage["stage_id"]
+        ]
+        if stage["stage_id"] == 1:  # fixed codec length: random weights stop at random
+            params["min_tokens"] = TALKER_TOKENS
         stage["max_model_len"] = 2048
         stage["max_num_seqs"] = MAX_NUM_SEQS[stage["stage_id"]]
     out.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -143,6 +148,8 @@ async def stream_chat(port: int, model: str, kind: str, idx: int, t0: float) -> 
         "messages": [{"role": "user", "content": f"request {kind} {idx}: say something"}],
         "stream": True,
         "max_tokens": TEXT_MAX_TOKENS if kind == "text" else SPEECH_MAX_TOKENS[idx],
+        # answers of fixed length (random weights would stop at a random token)
+        "min_tokens": TEXT_MAX_TOKENS if kind == "text" else SPEECH_MAX_TOKENS[idx],
     }
     if kind == "text":
         body["modalities"] = ["text"]
