@@ -92,10 +92,10 @@ async def remove_foreign_finalizers(
             )
         except KubeError as exc:
             log.warning("releasing %s/%s failed: %s", meta["namespace"], meta["name"], exc)
-            if exc.status not in (404, 409, 422):  # gone, or changed: the next listing tells
-                failed.append(f"{meta['namespace']}/{meta['name']} ({exc})")
-            else:
-                failed.append(f"{meta['namespace']}/{meta['name']} (changed meanwhile)")
+            if exc.status in (403, 404):  # not granted (retrying cannot help), or gone
+                continue
+            # Anything else (the webhook not serving yet, a change in between): list again.
+            failed.append(f"{meta['namespace']}/{meta['name']} ({exc})")
             continue
         name = f"{meta['namespace']}/{meta['name']}"
         log.info("removed finalizer %s from %s (outside namespace %s)", FINALIZER, name, namespace)

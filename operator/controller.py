@@ -410,8 +410,8 @@ async def sync_node_states(
         outcome, _ = await state.kube.create_owned(body, owner.uid)
         if outcome == "foreign":
             svc.foreign[f"ConfigMap/{name}"] = _foreign_message("ConfigMap", name)
-            return
-        svc.ensured[name] = time.monotonic()
+        elif outcome != "gone":  # gone: deleted right after a 409, the next pass creates it
+            svc.ensured[name] = time.monotonic()
 
     # Stale: ours (the index holds owned ConfigMaps only), not kept, no pod on it.
     stale: list[NodeState] = []
@@ -432,13 +432,18 @@ async def sync_node_states(
         await state.kube.delete("v1", "ConfigMap", owner.namespace, st.name, st.uid or None)
         svc.leaving.pop(st.name, None)
 
-    if missing and not await may_create():
-        missing = []
-    results = await asyncio.gather(
-        *(create(n, name) for n, name in missing),
-        *(delete(s) for s in stale),
-        return_exceptions=True,
+    results: list[Any] = list(
+        await asyncio.gather(*(delete(s) for s in stale), return_exceptions=True)
     )
+    # Creates in chunks, asking before each whether the OmniService still exists: a delete
+    # that lands mid-way stops the rest.
+    for start in range(0, len(missing), reconcile.CREATE_CHUNK):
+        if not await may_create():
+            break
+        chunk = missing[start : start + reconcile.CREATE_CHUNK]
+        results += await asyncio.gather(
+            *(create(n, name) for n, name in chunk), return_exceptions=True
+        )
     for result in results:
         if isinstance(result, BaseException):
             if not _tolerated(result):
@@ -503,6 +508,7 @@ async def sync_identity(
         if outcome == "foreign":
             kind, name = body["kind"], body["metadata"]["name"]
             svc.foreign[f"{kind}/{name}"] = _foreign_message(kind, name)
+        if outcome in ("foreign", "gone"):  # gone: deleted after a 409; the next pass
             return None
         return stored or {}
 
@@ -551,8 +557,9 @@ async def sync_service(
     if may_create is not None and not await may_create():
         return
     outcome, existing = await state.kube.create_owned(body, owner.uid)
-    if outcome == "foreign":
-        svc.foreign[key] = _foreign_message("Service", body["metadata"]["name"])
+    if outcome in ("foreign", "gone"):  # gone: deleted right after a 409; the next pass
+        if outcome == "foreign":
+            svc.foreign[key] = _foreign_message("Service", body["metadata"]["name"])
         svc.service = None
         return
     svc.foreign.pop(key, None)
@@ -598,10 +605,10 @@ async def owner_live(kube: Kube, owner: builders.Owner) -> bool:
 
 
 class _LiveGate:
-    """`still_live`, asked before a create unless asked within LIVE_TTL_S (a pass's
-    phases, ConfigMaps, Service, identity and pods, each ask anew when the one before took
-    longer); False at once when kopf's view already shows the deletion, and for good once
-    the API server said so."""
+    """`still_live`, asked before a create unless asked within LIVE_TTL_S: each phase of a
+    pass (ConfigMaps, Service, identity, pods) and each chunk of creates in it asks anew, so
+    a delete that lands mid-pass stops what follows; False at once when kopf's view already
+    shows the deletion, and for good once the API server said so."""
 
     def __init__(
         self, still_live: Callable[[], Awaitable[bool]] | None, meta: Mapping[str, Any] | None
@@ -627,7 +634,7 @@ class _LiveGate:
         return self._answer
 
 
-LIVE_TTL_S = 0.25
+LIVE_TTL_S = 0.05  # about one round of requests: each chunk of creates asks anew
 
 
 def _all_pods(pods_index: Mapping[tuple[str, str], Iterable[PodState]]) -> list[PodState]:
@@ -747,7 +754,7 @@ async def sync_pods(
         return None
     errors = await reconcile.execute(
         state.kube, the_plan, build, svc.expectations, time.monotonic,
-        stopping=lambda: _deleting(meta),
+        stopping=lambda: _deleting(meta), still_live=live,
     )  # fmt: skip
     for err in errors:
         log.warning("%s/%s: %s", owner.namespace, owner.name, err)

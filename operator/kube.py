@@ -144,7 +144,7 @@ class Kube:
 
     async def create_owned(
         self, obj: Mapping[str, Any], owner_uid: str
-    ) -> tuple[Literal["created", "ours", "foreign"], Mapping[str, Any] | None]:
+    ) -> tuple[Literal["created", "ours", "foreign", "gone"], Mapping[str, Any] | None]:
         """Create; when the name is taken, tell whether the stored object is ours (an owner
         reference with `owner_uid`). Returns the stored object (created or ours). A foreign
         object is never touched."""
@@ -155,7 +155,7 @@ class Kube:
             return "created", created
         existing = await self.get(obj)
         if existing is None:  # deleted in between: the next pass creates it
-            return "foreign", None
+            return "gone", None
         return ("ours" if owned_by(existing, owner_uid) else "foreign"), existing
 
     async def patch(self, obj: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from horizonserve.operator.builders import LABEL_SPEC_HASH, drifted, pod_name
@@ -170,6 +170,7 @@ async def execute(
     expectations: Expectations,
     now: Callable[[], float],
     stopping: Callable[[], bool] = lambda: False,
+    still_live: Callable[[], Awaitable[bool]] | None = None,
 ) -> list[str]:
     """Carry out a plan concurrently; returns error messages (the rest still happens).
 
@@ -216,7 +217,15 @@ async def execute(
         log.info("pod %s/%s (node %s): %s", pod.namespace, pod.name, pod.node, outcome)
         expectations.deleted(pod, now())
 
-    await asyncio.gather(
-        *(create(n) for n in the_plan.create), *(delete(p) for p in the_plan.delete)
-    )
+    await asyncio.gather(*(delete(p) for p in the_plan.delete))
+    # Creates in chunks, asking `still_live` before each: a delete that lands mid-way stops
+    # the rest (what is in flight when it lands still completes).
+    nodes = list(the_plan.create)
+    for start in range(0, len(nodes), CREATE_CHUNK):
+        if still_live is not None and not await still_live():
+            break
+        await asyncio.gather(*(create(n) for n in nodes[start : start + CREATE_CHUNK]))
     return errors
+
+
+CREATE_CHUNK = 32  # the client's concurrency: a chunk is one round of requests
