@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from horizonserve.runtime.baselines import check_engine
 from horizonserve.runtime.config import (
     ARTIFACT_DIR_ENV,
     CALIBRATION_MODE_ENV,
@@ -273,6 +274,10 @@ def check_supported(config: ServingConfig) -> ServingConfig:
     """`config`, or PluginConfigError naming the control the plugin cannot apply and the fix."""
     if config.resolved().reject_late:
         raise PluginConfigError(REJECT_LATE_UNSUPPORTED)
+    try:  # a 2026 baseline whose rules the plugin lacks never runs as its plain preset
+        check_engine(config.policy, "vllm-omni")
+    except ValueError as exc:
+        raise PluginConfigError(f"{POLICY_ENV} / policy: {exc}") from None
     return config
 
 
