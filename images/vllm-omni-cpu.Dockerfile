@@ -49,9 +49,11 @@ RUN groupadd --system --gid 65532 horizonserve \
         --shell /usr/sbin/nologin horizonserve
 
 # Every path vLLM, vLLM-Omni and HorizonServe write at run time is under /tmp (a tmpfs under a
-# read-only root) or /dev/shm.
+# read-only root) or /dev/shm: HOME too, since vLLM-Omni's speech endpoint creates
+# ~/.cache/vllm-omni/speakers at start (SPEAKER_SAMPLES_DIR moves it).
 ENV PATH=/opt/venv/bin:$PATH \
-    HOME=/home/horizonserve \
+    HOME=/tmp/home \
+    SPEAKER_SAMPLES_DIR=/tmp/cache/vllm-omni/speakers \
     PYTHONUNBUFFERED=1 \
     XDG_CACHE_HOME=/tmp/cache \
     XDG_CONFIG_HOME=/tmp/config \
