@@ -403,6 +403,8 @@ async def sync_node_states(
     )
 
     async def create(node: str, name: str) -> None:
+        if not await may_create():  # a delete that lands mid-way stops the rest
+            return
         described = builders.calibration_for(model, placement.labels.get(node, {}))
         body = builders.node_state(
             owner, node, placement.uids.get(node, ""), placement.keys[node], described
@@ -432,18 +434,11 @@ async def sync_node_states(
         await state.kube.delete("v1", "ConfigMap", owner.namespace, st.name, st.uid or None)
         svc.leaving.pop(st.name, None)
 
-    results: list[Any] = list(
-        await asyncio.gather(*(delete(s) for s in stale), return_exceptions=True)
+    results = await asyncio.gather(
+        *(create(n, name) for n, name in missing),
+        *(delete(s) for s in stale),
+        return_exceptions=True,
     )
-    # Creates in chunks, asking before each whether the OmniService still exists: a delete
-    # that lands mid-way stops the rest.
-    for start in range(0, len(missing), reconcile.CREATE_CHUNK):
-        if not await may_create():
-            break
-        chunk = missing[start : start + reconcile.CREATE_CHUNK]
-        results += await asyncio.gather(
-            *(create(n, name) for n, name in chunk), return_exceptions=True
-        )
     for result in results:
         if isinstance(result, BaseException):
             if not _tolerated(result):
@@ -605,10 +600,10 @@ async def owner_live(kube: Kube, owner: builders.Owner) -> bool:
 
 
 class _LiveGate:
-    """`still_live`, asked before a create unless asked within LIVE_TTL_S: each phase of a
-    pass (ConfigMaps, Service, identity, pods) and each chunk of creates in it asks anew, so
-    a delete that lands mid-pass stops what follows; False at once when kopf's view already
-    shows the deletion, and for good once the API server said so."""
+    """`still_live`, asked before every create unless asked within LIVE_TTL_S (concurrent
+    creates share one question), so a delete that lands mid-pass stops the creates that
+    follow; False at once when kopf's view already shows the deletion, and for good once the
+    API server said so."""
 
     def __init__(
         self, still_live: Callable[[], Awaitable[bool]] | None, meta: Mapping[str, Any] | None
@@ -617,6 +612,7 @@ class _LiveGate:
         self._meta = meta
         self._answer: bool | None = None
         self._at = 0.0
+        self._lock = asyncio.Lock()  # concurrent creates share one question
 
     @property
     def answer(self) -> bool | None:
@@ -628,13 +624,14 @@ class _LiveGate:
             return False
         if self._ask is None:
             return True
-        if self._answer is None or time.monotonic() - self._at > LIVE_TTL_S:
-            self._answer = await self._ask()
-            self._at = time.monotonic()
+        async with self._lock:
+            if self._answer is None or time.monotonic() - self._at > LIVE_TTL_S:
+                self._answer = await self._ask()
+                self._at = time.monotonic()
         return self._answer
 
 
-LIVE_TTL_S = 0.05  # about one round of requests: each chunk of creates asks anew
+LIVE_TTL_S = 0.25  # a delete stops the creates that start this long after it, at most
 
 
 def _all_pods(pods_index: Mapping[tuple[str, str], Iterable[PodState]]) -> list[PodState]:

@@ -180,7 +180,9 @@ async def execute(
     errors: list[str] = []
 
     async def create(node: str) -> None:
-        if stopping():
+        # `still_live` (the API server's word, cached briefly) before every create: a delete
+        # that lands mid-way stops the rest; what is in flight then still completes.
+        if stopping() or (still_live is not None and not await still_live()):
             return
         body = build_pod(node)
         meta = body["metadata"]
@@ -217,15 +219,7 @@ async def execute(
         log.info("pod %s/%s (node %s): %s", pod.namespace, pod.name, pod.node, outcome)
         expectations.deleted(pod, now())
 
-    await asyncio.gather(*(delete(p) for p in the_plan.delete))
-    # Creates in chunks, asking `still_live` before each: a delete that lands mid-way stops
-    # the rest (what is in flight when it lands still completes).
-    nodes = list(the_plan.create)
-    for start in range(0, len(nodes), CREATE_CHUNK):
-        if still_live is not None and not await still_live():
-            break
-        await asyncio.gather(*(create(n) for n in nodes[start : start + CREATE_CHUNK]))
+    await asyncio.gather(
+        *(create(n) for n in the_plan.create), *(delete(p) for p in the_plan.delete)
+    )
     return errors
-
-
-CREATE_CHUNK = 32  # the client's concurrency: a chunk is one round of requests
