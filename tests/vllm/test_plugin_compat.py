@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 import textwrap
 import types
@@ -163,18 +164,24 @@ def test_start_guard_swaps_vllm_omnis_own_schedulers_and_refuses_others(
     assert Config(name).get_scheduler_cls() == name  # off: vLLM-Omni as shipped
 
 
-def test_the_real_scheduler_config_is_guarded_by_register(
-    monkeypatch: pytest.MonkeyPatch, hs_env
-) -> None:
-    """`register()` guards vLLM's own SchedulerConfig (already imported: patched at once)."""
-    from vllm.config.scheduler import SchedulerConfig
+def test_the_real_scheduler_config_is_guarded_by_register(hs_env) -> None:
+    """`register()` guards vLLM's own SchedulerConfig (already imported: patched at once).
 
-    from horizonserve.runtime.engine.vllm_omni import plugin, start_guard
-
-    monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setattr(SchedulerConfig, "get_scheduler_cls", SchedulerConfig.get_scheduler_cls)
-    plugin.register()
-    assert getattr(SchedulerConfig.get_scheduler_cls, start_guard.WRAPPED, False)
+    Run in a child process: `register()` patches vLLM / vLLM-Omni modules for good, and the
+    other tests of this folder check those patches on unpatched classes.
+    """
+    code = textwrap.dedent(
+        """
+        from vllm.config.scheduler import SchedulerConfig
+        from horizonserve.runtime.engine.vllm_omni import plugin, start_guard
+        plugin.register()
+        assert getattr(SchedulerConfig.get_scheduler_cls, start_guard.WRAPPED, False)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_moved_module_is_refused_at_start() -> None:
