@@ -742,7 +742,14 @@ class ClassSummary(_Wire):
 
     name: str = Field(min_length=1)
     priority: Priority
-    requests: int = Field(0, ge=0, description="First responses judged in the window.")
+    requests: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Requests judged in the window: every admitted request, answered or not, once its "
+            "first response came or its deadline passed."
+        ),
+    )
     met: int = Field(0, ge=0, description="Of those, how many met the class SLO.")
     p95_s: float | None = Field(None, ge=0, description="p95 first-response latency (s).")
     target_s: float | None = Field(None, gt=0, description="The class SLO Δc in seconds.")
