@@ -187,17 +187,21 @@ def control_record() -> ControlRecord:
         return _record
 
 
+def _attach_table(path: Path) -> RequestTable:
+    return _attach(
+        path,
+        RequestTable.open,
+        lambda p: RequestTable.create(p, capacity=TABLE_CAPACITY),
+        (TableFormatError,),
+    )
+
+
 def request_table() -> RequestTable:
     """This process's mapping of the request table (attached once)."""
     global _table
     with _lock:
         if _table is None:
-            _table = _attach(
-                table_path(),
-                RequestTable.open,
-                lambda p: RequestTable.create(p, capacity=TABLE_CAPACITY),
-                (TableFormatError,),
-            )
+            _table = _attach_table(table_path())
         return _table
 
 
@@ -206,13 +210,7 @@ def answer_lengths() -> AnswerLengths:
     global _answers
     with _lock:
         if _answers is None:
-            table = _attach(
-                answers_path(),
-                RequestTable.open,
-                lambda p: RequestTable.create(p, capacity=TABLE_CAPACITY),
-                (TableFormatError,),
-            )
-            _answers = AnswerLengths(table)
+            _answers = AnswerLengths(_attach_table(answers_path()))
         return _answers
 
 
