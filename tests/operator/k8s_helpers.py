@@ -49,6 +49,17 @@ def new_namespace(cluster: Any, prefix: str = "hs") -> str:
     return name
 
 
+def drop_namespace(cluster: Any, ns: str) -> None:
+    """Delete a test namespace once no operator runs: release the operator's finalizer on
+    its OmniServices first, or they (and so the namespace, and a later CRD delete) would stay
+    Terminating for the rest of the session."""
+    status, body = cluster.request("GET", OSVC_PATH.format(ns=ns))
+    for item in body.get("items", []) if status == 200 else []:
+        path = f"{OSVC_PATH.format(ns=ns)}/{item['metadata']['name']}"
+        call(cluster, "PATCH", path, {"metadata": {"finalizers": None}})
+    cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
 def delete_all_nodes(cluster: Any) -> None:
     status, body = cluster.request("DELETE", "/api/v1/nodes")
     assert status == 200, body

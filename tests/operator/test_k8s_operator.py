@@ -26,6 +26,7 @@ from .k8s_helpers import (
     condition,
     create_node,
     delete_all_nodes,
+    drop_namespace,
     get_osvc,
     install_crd,
     kopf_args,
@@ -65,7 +66,7 @@ def ns(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     delete_all_nodes(cluster)
     name = new_namespace(cluster)
     yield name
-    cluster.request("DELETE", f"/api/v1/namespaces/{name}")
+    drop_namespace(cluster, name)
 
 
 def _runner(ns: str) -> KopfRunner:

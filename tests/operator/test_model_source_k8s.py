@@ -24,6 +24,7 @@ from .k8s_helpers import (
     condition,
     create_node,
     delete_all_nodes,
+    drop_namespace,
     get_osvc,
     install_crd,
     kopf_args,
@@ -57,7 +58,7 @@ def ns(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     delete_all_nodes(cluster)
     name = new_namespace(cluster)
     yield name
-    cluster.request("DELETE", f"/api/v1/namespaces/{name}")
+    drop_namespace(cluster, name)
 
 
 def _osvc(name: str, pool: str, **spec: Any) -> dict:
