@@ -455,9 +455,13 @@ def unrecorded_control(plan: dict[str, Any]) -> dict[str, Any]:
 def plan_provenance(config: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
     """The commit that wrote the plan, and each policy's fully resolved control under it."""
     from horizonserve.runtime.bench.provenance import git_commit, resolved
+    from horizonserve.runtime.config import PolicyName
 
     policies = sorted({i["policy"] for i in items})
-    controls = {p: resolved(config.model_copy(update={"policy": p}))["control"] for p in policies}
+    controls = {
+        p: resolved(config.model_copy(update={"policy": PolicyName(p)}))["control"]
+        for p in policies
+    }
     return {**git_commit(), "control": controls}
 
 

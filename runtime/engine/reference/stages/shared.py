@@ -472,11 +472,13 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
 
 
 def switch_policy(stage: SharedStage, config: ServingConfig, name: str, events: Any) -> None:
+    from horizonserve.runtime.config import PolicyName
     from horizonserve.runtime.engine.reference.protocol import POLICY
     from horizonserve.runtime.policy import make_policy
 
     try:
-        stage.set_policy(make_policy(name, config.model_copy(update={"policy": name})))
+        policy = PolicyName(name)
+        stage.set_policy(make_policy(name, config.model_copy(update={"policy": policy})))
     except (RuntimeError, ValueError) as exc:
         events.put(Event(ERROR, STAGE, time.monotonic(), data={"message": str(exc)}))
         return
