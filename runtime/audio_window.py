@@ -40,6 +40,24 @@ DTPS_AGING_S = 100.0  # `_DEFAULT_AGING_S`
 DTPS_THRESHOLD = 2  # `_DEFAULT_DIT_LOAD_THRESHOLD`
 
 
+def window_size(window: int | None, max_num_seqs: int) -> int:
+    """K, the bounded-K window's active streams: min(window, max_num_seqs) as PR #3592's
+    `OmniChunkTransferAdapter._active_window` (None: the stage's `max_num_seqs`, no bound
+    below its places). Invariant: 1 ≤ K ≤ max_num_seqs."""
+    if max_num_seqs < 1:
+        raise ValueError(f"window: the stage has {max_num_seqs} places; it needs at least one")
+    k = max_num_seqs if window is None else min(window, max_num_seqs)
+    if k < 1:
+        raise ValueError(f"window: K = {window} admits no stream; use K >= 1")
+    return k
+
+
+def window_room(k: int, active: int) -> int:
+    """New streams the window admits now: K minus the active ones (PR #3592: an active stream
+    keeps its place until it is done, so only a finished one frees room)."""
+    return max(0, k - active)
+
+
 def dtps_budget(threshold: int, downstream_waiting: int, running_downstream: int) -> int:
     """L1's budget: how many downstream-bound requests go ahead of the shared-only ones."""
     return max(0, threshold - (downstream_waiting + running_downstream))

@@ -72,7 +72,7 @@ def static_share(pipeline: str, total_sms: int, override: int | None = None) -> 
 # than run as the plain preset it would otherwise fall back to.
 ENGINE_RULES: dict[str, frozenset[str]] = {
     "sim": frozenset({"shed", "window", "tiered", "static_share"}),
-    "reference": frozenset({"shed"}),
+    "reference": frozenset({"shed", "window", "tiered", "static_share"}),
 }
 
 

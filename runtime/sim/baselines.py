@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from horizonserve.runtime.audio_window import DTPS_THRESHOLD, EdfQueue, dtps_budget, dtps_order
+from horizonserve.runtime.audio_window import (
+    DTPS_THRESHOLD,
+    EdfQueue,
+    dtps_budget,
+    dtps_order,
+    window_size,
+)
 from horizonserve.runtime.baselines import BaselineRules, rules_for, static_share
 from horizonserve.runtime.config import Path
 from horizonserve.runtime.downstream import AdmissionQueue, realtime_streams
@@ -123,7 +129,7 @@ class BaselineHooks:
                 return cost.step_s(b, total, True, total, Sharing.MPS)
 
             k = realtime_streams(step_s, 1.0 / cal.work_per_audio_second, cal.max_batch)
-        k = min(k, cal.max_batch)  # K = min(window, max_num_seqs)
+        k = window_size(k, cal.max_batch)  # K = min(window, max_num_seqs)
         self.windows.append(k)
         return EdfQueue(), k
 

@@ -26,15 +26,27 @@ How the stage processes share the GPU (`Sharing`), chosen per run by `sharing_fo
   (`partition="complement"`), so the split is disjoint across processes.
 * ``gc`` — Green Context ladders without MPS (where the MPS binaries are missing): the cap is
   applied, the processes time-slice.
+
+The `mps-static` baseline (`runtime.baselines`) runs under ``mps`` with no HorizonServe control
+(no SM split, FCFS) and one exception to the rule above: each stage process is an MPS client
+with its own fixed CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (`static_shares`: the shared stage
+`baselines.static_share` SMs, or an override; every downstream process the rest), set in that
+process before its CUDA context exists (`apply_static_share`). The percentage caps how many SMs
+a client's kernels may occupy at once; it does not pin SMs, so the shared stage's and a
+downstream stage's kernels may still meet on one SM, and each downstream process has the
+whole rest to itself. On a CPU run (or without an MPS daemon) the shares are computed, checked
+and reported per process but have no effect.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from horizonserve.runtime.baselines import rules_for, static_share
 from horizonserve.runtime.config import PRESETS, ControlParams, SmSplit, policy_name
 
 if TYPE_CHECKING:
@@ -63,6 +75,44 @@ def sharing_for(policy: str, *, mps: bool, cuda: bool, mps_available: bool = Tru
     if mps or preset.mps:  # the *-mps presets, and w/o SM throttling: uncapped, under MPS
         return MPS if mps_available else TIMESLICE
     return TIMESLICE
+
+
+MPS_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def mps_percentage(sms: int, total_sms: int) -> int:
+    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a client held to `sms` of `total_sms` SMs,
+    rounded up so the client gets no less than its share. Invariant: 1 ≤ result ≤ 100."""
+    if not 0 < sms <= total_sms:
+        raise ValueError(f"mps-static: {sms} SMs of {total_sms} is not a share of the GPU")
+    return min(100, max(1, math.ceil(100 * sms / total_sms)))
+
+
+def static_shares(
+    policy: str,
+    pipeline: str,
+    total_sms: int,
+    stages: Sequence[str],
+    override: int | None = None,
+) -> dict[str, int]:
+    """Each stage process's fixed SMs under `mps-static` (empty under every other policy):
+    the shared stage `baselines.static_share(pipeline, total_sms, override)`, each downstream
+    stage in `stages` the rest. Invariant: shared + rest = total_sms."""
+    if not rules_for(policy).static_share:
+        return {}
+    share = static_share(pipeline, total_sms, override)
+    return {name: share if name == "shared" else total_sms - share for name in stages}
+
+
+def apply_static_share(percentage: int | None, sharing: str, device_type: str) -> bool:
+    """Hold this stage process to its fixed share (`mps-static`): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    in its environment, which the MPS client reads when its CUDA context is created, so this
+    must run before any CUDA call. False (nothing set) without a share, off a CUDA device or
+    outside MPS."""
+    if percentage is None or device_type != "cuda" or sharing != MPS:
+        return False
+    os.environ[MPS_PERCENT_ENV] = str(percentage)
+    return True
 
 
 def uses_mps(sharing: str) -> bool:

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from horizonserve.runtime.baselines import check_engine
+from horizonserve.runtime.baselines import check_engine, rules_for
 from horizonserve.runtime.config import Path, PolicyName, Priority, RequestClass, ServingConfig
 from horizonserve.runtime.downstream import PlaybackClock
 from horizonserve.runtime.engine.reference.defaults import reference_config
@@ -57,7 +57,9 @@ from horizonserve.runtime.engine.reference.gpu_control import (
     MPS_GC,
     SHARING_MODES,
     TIMESLICE,
+    mps_percentage,
     sharing_for,
+    static_shares,
     uses_caps,
     uses_mps,
 )
@@ -158,6 +160,10 @@ class PipelineOptions:
     model_name: str = ""  # the `model_name` metrics label (default: reference-<preset>)
     # vLLM's queue limits under the shed presets (default: `runtime.shedding.config_limits`).
     queue_limits: QueueLimits | None = None
+    # vllm-omni-current: the talker's window K (None: its places); mps-static: the shared
+    # stage's SMs (None: `runtime.baselines.static_share`). See `runtime.baselines`.
+    window: int | None = None
+    static_share: int | None = None
 
 
 @dataclass
@@ -405,6 +411,9 @@ class Pipeline:
         self._samples_per_second = 1.0
         self._kv_slots = 0  # shared-stage KV slots (kv_cache_usage_perc's denominator)
         self._gate: FrontGate | None = None  # the shed presets' queue limits
+        self._queue_record: ControlRecord | None = None  # DTPS's downstream queue depths
+        self.static_shares: dict[str, int] = {}  # mps-static: stage -> its fixed SMs
+        self._total_sms = 0  # the device's SMs (the ladder's total on a CPU)
 
     @property
     def stage_pids(self) -> list[int]:
@@ -442,6 +451,16 @@ class Pipeline:
         remove_stale(shm_dir(), (RECORD_PREFIX,))  # records of front processes killed earlier
         name = f"{RECORD_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._record = ControlRecord.create(shm_path(name), n_slots=len(DOWNSTREAM_STAGES))
+        # Queue depths of the stages the shared stage feeds (vllm-omni-current's DTPS); a
+        # record of its own, so the activity the control reads stays what it was.
+        self._queue_record = ControlRecord.create(
+            shm_path(f"{name}-queues"), n_slots=len(DOWNSTREAM_STAGES)
+        )
+        self._total_sms = sms or config.ladder.total
+        stages = ("shared", *self.downstream)
+        self.static_shares = static_shares(
+            policy, config.pipeline, self._total_sms, stages, opts.static_share
+        )
         # Ladders are pre-allocated when the sharing mode caps; a policy that does not throttle
         # (set_policy within the same mode, e.g. calibration's solo runs) never activates them.
         capped = cuda and uses_caps(self.sharing)
@@ -461,6 +480,7 @@ class Pipeline:
             trace_interval_s=opts.trace_interval_s,
             warmup=opts.warmup,
             limits=dict(opts.limits),
+            window=opts.window,
         )
         self._ctx = mp.get_context("spawn")
         self._running = True
@@ -494,6 +514,12 @@ class Pipeline:
         if name != "shared":
             index = DOWNSTREAM_STAGES.index(name)
             cfg = replace(cfg, downstream_slot=index, seed=opts.seed + index + 1)
+        if self._queue_record is not None and (name == "shared" or name in FEEDS["shared"]):
+            cfg = replace(cfg, queue_record_path=str(self._queue_record.path))
+        share = self.static_shares.get(name)
+        if share is not None:  # mps-static: this process's fixed SMs (stages.common)
+            pct = mps_percentage(share, self._total_sms)
+            cfg = replace(cfg, sm_share=share, mps_percentage=pct)
         args: tuple[Any, ...] = (name, cfg, slot.in_q, slot.events)
         feeds = [t for t in FEEDS.get(name, ()) if t in self._slots]
         if feeds and opts.supervise:
@@ -587,10 +613,11 @@ class Pipeline:
             _close_queues(slot.in_q, slot.events)
         for relay in self._relay.values():
             _close_queues(*relay.values())
-        if self._record is not None:
-            self._record.close()
-            self._record.unlink()
-            self._record = None
+        for rec in (self._record, self._queue_record):
+            if rec is not None:
+                rec.close()
+                rec.unlink()
+        self._record = self._queue_record = None
         if self._mps is not None:
             self._stop_mps()
         self._procs = {}
@@ -890,6 +917,12 @@ class Pipeline:
             raise PipelineError("pipeline is not running")
         name = PolicyName(policy)
         check_engine(name, "reference")
+        if rules_for(name).static_share != rules_for(self.config.policy).static_share:
+            # mps-static's shares are set when a stage process starts (its MPS client)
+            raise SharingMismatchError(
+                f"policy {name.value} and {self.config.policy.value} differ in fixed SM shares "
+                "per stage process (mps-static): restart the pipeline"
+            )
         if self.options.sharing == "auto" and self.device.startswith("cuda"):
             wanted = self._choose_sharing(name.value, True)
             if wanted != self.sharing and not (wanted == MPS_GC and self.sharing == GC):

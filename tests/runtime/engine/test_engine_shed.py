@@ -17,7 +17,7 @@ from horizonserve.runtime.engine.reference import (
     RequestSpec,
     TimedRequest,
 )
-from horizonserve.runtime.engine.reference.pipeline import Pipeline, QueueFullError
+from horizonserve.runtime.engine.reference.pipeline import QueueFullError
 from horizonserve.runtime.shedding import QUEUE_FULL, QueueLimits, front_gate
 from tests.runtime.builders import make_config
 
@@ -31,9 +31,12 @@ def test_only_the_shed_presets_gate_the_front() -> None:
 
 @pytest.mark.parametrize("policy", ["vllm-omni-current", "mps-static"])
 def test_a_preset_whose_rules_the_engine_lacks_is_refused_not_run_plain(policy: str) -> None:
-    with pytest.raises(ValueError, match=f"policy '{policy}': the reference engine does not"):
-        Pipeline(PipelineOptions(preset="tiny", device="cpu", policy=policy)).start()
+    # The reference engine applies them now (tests/runtime/engine/test_baselines_2026_engine.py);
+    # an engine without them (the plugin) still refuses them.
+    with pytest.raises(ValueError, match=f"policy '{policy}': the vllm-omni engine does not"):
+        check_engine(policy, "vllm-omni")
     check_engine("shed", "reference")
+    check_engine(policy, "reference")
     check_engine(policy, "sim")
 
 

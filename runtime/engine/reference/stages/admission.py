@@ -1,9 +1,10 @@
 """A downstream stage's waiting jobs under the policy's admission rule.
 
 The rule itself is the control core's (`runtime.downstream`: slack order under HorizonServe,
-FIFO for the baselines); this adapter gives the stages the few list operations they use, the
-stamp each hand-off carries, and the late count. A job without a stamp (warm-up, calibration
-load) has no deadline and goes behind every stamped one.
+FIFO for the baselines), or, under `vllm-omni-current`, EDF playback's order
+(`runtime.audio_window.EdfQueue`, the one the simulator runs); this adapter gives the stages
+the few list operations they use, the stamp each hand-off carries, and the late count. A job
+without a stamp (warm-up, calibration load) has no deadline and goes behind every stamped one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from horizonserve.runtime.audio_window import EdfQueue
+from horizonserve.runtime.baselines import rules_for
 from horizonserve.runtime.config import PolicyName, ServingConfig
 from horizonserve.runtime.downstream import AdmissionQueue, Stamp, make_queue
 from horizonserve.runtime.engine.reference.protocol import ERROR, Event
@@ -33,20 +36,37 @@ class DownstreamRules:
     reject_late: bool = False  # refuse a request that can no longer meet its deadline
     places: bool = False  # list candidates in the place-aware order (`StageQueue.ordered`)
     saturated_first: bool = False  # report SATURATED while full with waiters (`reported_slack`)
+    # vllm-omni-current (`runtime.baselines`): a streaming stage's bounded-K active window in
+    # EDF order (`runtime.audio_window`); `window_k` is the K asked for (None: the stage's
+    # places), capped at the stage's max_num_seqs by `audio_window.window_size`.
+    window: bool = False
+    window_k: int | None = None
+    edf: bool = False  # admit by deadline, no late-last rule (`audio_window.EdfQueue`)
 
 
 def downstream_rules(
-    config: ServingConfig, policy: PolicyName | str | None = None
+    config: ServingConfig, policy: PolicyName | str | None = None, window: int | None = None
 ) -> DownstreamRules:
-    """The downstream rules under `policy` (default: the config's)."""
-    p = make_policy(policy or config.policy, config)
+    """The downstream rules under `policy` (default: the config's); `window`: the K of a
+    bounded-K window where the policy has one (None: the stage's places)."""
+    name = policy or config.policy
+    p = make_policy(name, config)
+    bounded = rules_for(name).window
     return DownstreamRules(
         p.downstream_control,
         p.playback_margin_s,
         p.reject_late,
         p.place_admission,
         p.saturated_first,
+        window=bounded,
+        window_k=window if bounded else None,
+        edf=bounded,
     )
+
+
+def make_stage_queue(slack: bool, edf: bool = False) -> AdmissionQueue[Any]:
+    """The queue under a rule: slack order, EDF (`vllm-omni-current`'s window) or FIFO."""
+    return EdfQueue() if edf and not slack else make_queue(slack)
 
 
 LATE_REASON = (
@@ -83,22 +103,23 @@ def refuse_late(
 
 
 class StageQueue(Generic[T]):
-    __slots__ = ("_clock", "_q", "_slack", "late")
+    __slots__ = ("_clock", "_edf", "_q", "_slack", "late")
 
-    def __init__(self, slack: bool, clock: Callable[[], float]) -> None:
+    def __init__(self, slack: bool, clock: Callable[[], float], edf: bool = False) -> None:
         self._slack = slack
+        self._edf = edf
         self._clock = clock
         # Entries are (job, stamp, work) tuples, so a drained job keeps its stamp and length.
-        self._q: AdmissionQueue[_Entry[T]] = make_queue(slack)
+        self._q: AdmissionQueue[_Entry[T]] = make_stage_queue(slack, edf)
         self.late = 0  # jobs admitted after they could no longer meet their deadline
 
-    def set_order(self, slack: bool) -> None:
+    def set_order(self, slack: bool, edf: bool = False) -> None:
         """Switch the rule (between runs); queued jobs are re-queued under the new one."""
-        if slack == self._slack:
+        if slack == self._slack and edf == self._edf:
             return
         entries = self._drain()
-        self._slack = slack
-        self._q = make_queue(slack)
+        self._slack, self._edf = slack, edf
+        self._q = make_stage_queue(slack, edf)
         for entry in entries:
             self._push(entry)
 

@@ -91,6 +91,12 @@ class Code2WavStage:
     def idle(self) -> bool:
         return self.queued == 0
 
+    @property
+    def waiting(self) -> int:
+        """Chunks queued (no hand-off from the shared stage reaches this stage: DTPS never
+        reads it)."""
+        return self.queued
+
     def submit(self, msg: CodeChunk) -> None:
         key = (msg.rid, msg.arrival)
         stream = self.streams.get(key)

@@ -34,17 +34,28 @@ class StageConfig:
     limits: dict[str, int] = field(default_factory=dict)  # thinker limit overrides
     profile: str = ENGINE_PROFILE  # deploy profile the stage limits come from
     pipeline: str | None = None  # the pipeline served: whose deploy file sizes the thinker
+    # The 2026 baselines (`runtime.baselines`). vllm-omni-current: the talker's window K (None:
+    # its places) and the record where the stages the shared stage feeds publish their queue
+    # depth for DTPS ("" none). mps-static: this process's fixed SMs and their MPS percentage.
+    window: int | None = None
+    queue_record_path: str = ""
+    sm_share: int | None = None
+    mps_percentage: int | None = None
 
     def get_preset(self) -> PipelinePreset:
         return get_preset(self.preset, self.profile, self.pipeline, **self.limits)
 
 
 def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
-    """Seed, threads, default device; returns (device, dtype): bf16 on CUDA, fp32 on CPU."""
+    """Seed, threads, default device; returns (device, dtype): bf16 on CUDA, fp32 on CPU.
+    Under mps-static the process's MPS share is set first, before its CUDA context exists."""
     import torch
 
-    torch.manual_seed(cfg.seed)
+    from horizonserve.runtime.engine.reference.gpu_control import apply_static_share
+
     device = torch.device(cfg.device)
+    apply_static_share(cfg.mps_percentage, cfg.sharing, device.type)
+    torch.manual_seed(cfg.seed)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -54,6 +65,31 @@ def setup_torch(cfg: StageConfig) -> tuple[Any, Any]:
         return device, torch.bfloat16
     torch.set_num_threads(max(1, cfg.threads))
     return device, torch.float32
+
+
+def share_info(cfg: StageConfig, device: Any) -> dict[str, object]:
+    """What a stage reports about its fixed share (mps-static; empty otherwise): the share,
+    its percentage, whether it applies (a CUDA device under MPS) and, on the GPU, the SM count
+    the process sees."""
+    from horizonserve.runtime.engine.reference.gpu_control import MPS, MPS_PERCENT_ENV
+
+    if cfg.sm_share is None:
+        return {}
+    applied = device.type == "cuda" and cfg.sharing == MPS
+    info: dict[str, object] = {
+        "sm_share": cfg.sm_share,
+        "mps_thread_percentage": cfg.mps_percentage,
+        "sm_share_applied": applied and os.environ.get(MPS_PERCENT_ENV) == str(cfg.mps_percentage),
+    }
+    if device.type != "cuda":
+        info["sm_share_reason"] = "not a CUDA device: recorded, no effect"
+    elif not applied:
+        info["sm_share_reason"] = f"GPU sharing {cfg.sharing}, not MPS: no effect"
+    else:
+        import torch
+
+        info["sms_visible"] = torch.cuda.get_device_properties(device).multi_processor_count
+    return info
 
 
 def memory_info(device: Any) -> dict[str, float]:

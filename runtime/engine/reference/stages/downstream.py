@@ -10,6 +10,11 @@ Complementary ladder: this process pre-allocates a context for `S_tot − s` for
 the GPU. Right after a stage becomes active the shared stage may still hold S_aggr (headroom
 0) for one step; the downstream stage then runs on `S_tot − S_cap`, the headroom it is
 guaranteed once the shared stage reacts.
+
+Under `vllm-omni-current` a stage the shared stage feeds (talker, DiT) also publishes how many
+hand-offs wait for a place in its slot of the queue-depth record (`StageConfig.
+queue_record_path`, a control record of its own, so the activity sums stay as they are): DTPS
+at the shared stage reads it (`stages.shared`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
+from horizonserve.runtime.baselines import rules_for
 from horizonserve.runtime.config import ServingConfig
 from horizonserve.runtime.engine.reference.gpu_control import open_sm_cap, sm_info
 from horizonserve.runtime.engine.reference.protocol import (
@@ -44,6 +50,7 @@ from horizonserve.runtime.engine.reference.stages.common import (
     drain,
     memory_info,
     setup_torch,
+    share_info,
 )
 from horizonserve.runtime.gpu.split import Role, StageLadder
 from horizonserve.runtime.monitor import ControlRecord
@@ -60,6 +67,11 @@ class DownstreamStage(Protocol):
 
     @property
     def idle(self) -> bool: ...
+
+    @property
+    def waiting(self) -> int:
+        """Hand-offs queued for a place (DTPS's downstream queue depth)."""
+        ...
 
     def submit(self, msg: Any) -> None: ...
 
@@ -102,6 +114,15 @@ class DownstreamLoop:
         self.config = ServingConfig.model_validate_json(cfg.serving_json)
         self.record = ControlRecord.open(cfg.record_path)
         self.writer = self.record.downstream_writer(cfg.downstream_slot, STAGE_KIND.get(name, 1))
+        self.policy = self.config.policy
+        # The queue-depth record (vllm-omni-current's DTPS reads it; None: not a stage the
+        # shared stage feeds). Written only while the policy is tiered.
+        self.queues: ControlRecord | None = None
+        self.queue_writer = None
+        if cfg.queue_record_path:
+            self.queues = ControlRecord.open(cfg.queue_record_path)
+            kind = STAGE_KIND.get(name, 1)
+            self.queue_writer = self.queues.downstream_writer(cfg.downstream_slot, kind)
         self.split = StageLadder.open(Role.DOWNSTREAM, self.config.ladder, cfg.capped)
         self.levels = list(self.split.contexts)
         # Complementary levels sit on the SMs the shared stage does not hold (disjoint across
@@ -163,6 +184,7 @@ class DownstreamLoop:
 
     def serve(self, stage: DownstreamStage, info: dict[str, Any]) -> None:
         info = {**info, "sharing": self.cfg.sharing, **sm_info(self.sm)}
+        info.update(share_info(self.cfg, self.device))
         info.update(memory_info(self.device))
         self.events.put(Event(READY, self.name, time.monotonic(), data=info))
         watch = ParentWatch()
@@ -186,7 +208,9 @@ class DownstreamLoop:
                     ev = Event(ABORTED, self.name, time.monotonic(), data={"dropped": dropped})
                     self.events.put(ev)
                 elif isinstance(msg, SetPolicy):  # between runs: the admission rule follows
-                    stage.configure(downstream_rules(self.config, msg.policy))
+                    stage.configure(downstream_rules(self.config, msg.policy, self.cfg.window))
+                    self.policy = msg.policy
+                    self.publish_waiting(stage, force=True)
                 elif isinstance(msg, Cancel):
                     cancelled.extend(msg.requests)
                     stage.cancel(msg.requests)
@@ -201,13 +225,29 @@ class DownstreamLoop:
                 break
             if msgs or not stage.idle or now - beat > IDLE_BEAT_S:
                 self.writer.set_active(stage.in_flight, time.monotonic_ns(), stage.min_slack())
+                self.publish_waiting(stage)
                 beat = now
             if not stage.idle:
                 self.sm.activate(self.sms_now())
                 stage.iterate()
                 self.writer.set_active(stage.in_flight, time.monotonic_ns(), stage.min_slack())
+                self.publish_waiting(stage)
         self.writer.set_active(0, time.monotonic_ns())
+        if self.queue_writer is not None:
+            self.queue_writer.set_active(0, time.monotonic_ns())
         data = {**memory_info(self.device), **stage.counters()}
         self.events.put(Event(STOPPED, self.name, time.monotonic(), data=data))
         # The SM ladder stays open until the process leaves (see stages.shared.main).
         self.record.close()
+        if self.queues is not None:
+            self.queues.close()
+
+    def publish_waiting(self, stage: DownstreamStage, force: bool = False) -> None:
+        """The stage's queue depth in the queue-depth record, while the policy is tiered (or
+        once after a switch, `force`, so a count left from an earlier policy is cleared)."""
+        if self.queue_writer is None:
+            return
+        if rules_for(self.policy).tiered:
+            self.queue_writer.set_active(stage.waiting, time.monotonic_ns())
+        elif force:
+            self.queue_writer.set_active(0, time.monotonic_ns())

@@ -120,6 +120,11 @@ class ImageStage:
     def idle(self) -> bool:
         return self.in_flight == 0
 
+    @property
+    def waiting(self) -> int:
+        """Hand-offs queued for a place (the queue depth DTPS reads at the shared stage)."""
+        return len(self.pending)
+
     def submit(self, msg: Handoff) -> None:
         d = self.dims
         cond = msg.cond.to(self.device).to(self.dtype)[-d.cond_tokens :]

@@ -12,16 +12,26 @@ One iteration (Algorithm 1, one shared-stage opportunity):
      decode on the step's cap; record progress on each request's signals; emit the first token of
      short-path requests; hand long-path requests (hidden states of all their cached positions)
      to their downstream stage once their shared-stage tokens are generated.
+
+Under `vllm-omni-current` (`runtime.baselines`) step 3 takes the visible prompts in DTPS's tier
+order instead, vllm-project/vllm-omni PR #6315 (RFC #6237), `vllm_omni/core/sched/
+dtps_scheduler.py`, `DTPSScheduler.maybe_reorder_waiting` (commit 1cf390de4e7b of the upstream
+repository): `runtime.audio_window.dtps_order` with the budget `dtps_budget(threshold 2,
+downstream waiting, running downstream-bound here)`, the rule the simulator runs. The
+downstream waiting count is what the stages this one feeds publish in the queue-depth record
+(`stages.downstream`); the control core (`policy.step`) is not involved.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from horizonserve.runtime.audio_window import DTPS_THRESHOLD, dtps_budget, dtps_order
+from horizonserve.runtime.baselines import rules_for
 from horizonserve.runtime.config import ServingConfig
 from horizonserve.runtime.downstream import Stamp
 from horizonserve.runtime.engine.reference.ar import ArExecutor, bucket
@@ -69,6 +79,18 @@ def _signals(seq: Sequence) -> RequestSignals:
     return seq.payload.sig  # type: ignore[no-any-return]
 
 
+def _bound(seq: Sequence) -> bool:
+    return seq.payload.admit.downstream is not None  # type: ignore[no-any-return]
+
+
+def _prompt(seq: Sequence) -> int:
+    return seq.prompt_len
+
+
+def _arrival(seq: Sequence) -> float:
+    return seq.payload.admit.arrival  # type: ignore[no-any-return]
+
+
 def tpot_of(times: list[float]) -> float | None:
     """Mean inter-token time after the first token (None with fewer than two tokens)."""
     if len(times) < 2:
@@ -95,6 +117,7 @@ class SharedStage:
         trace_interval_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
         downstream_slack: Callable[[], float | None] = lambda: None,
+        downstream_waiting: Callable[[], int] = lambda: 0,
     ) -> None:
         self.policy = policy
         self.executor = executor
@@ -108,6 +131,9 @@ class SharedStage:
         self._handoff = handoff
         self._downstream_active = downstream_active
         self._downstream_slack = downstream_slack
+        self._downstream_waiting = downstream_waiting  # DTPS: hand-offs waiting downstream
+        self._tiered = rules_for(policy.name).tiered
+        self.dtps_budgets: dict[int, int] = {}  # DTPS: budget -> steps that ran under it
         self._pressure = pressure
         self._publish = publish
         self._sm = sm
@@ -132,6 +158,8 @@ class SharedStage:
         if not self.idle:
             raise RuntimeError("cannot switch policy while requests are in the stage")
         self.policy = policy
+        self._tiered = rules_for(policy.name).tiered
+        self.dtps_budgets = {}
 
     def submit(self, admit: Admit) -> None:
         s = admit.spec
@@ -210,9 +238,8 @@ class SharedStage:
         self._publish(decision, sample)
         self._preempt_for_urgent(decision)
 
-        plan = batcher.plan(
-            decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
-        )
+        visible = decision.view.iter_visible(self.waiting.values(), _signals, self._queued)
+        plan = batcher.plan(self._tiers(visible, now) if self._tiered else visible)
         self.last_plan_rids = [seq.rid for seq in plan.prefill]
         prefill_sms = (
             decision.prefill_sms(map(_signals, plan.prefill)) if plan.prefill else sm.shared
@@ -278,6 +305,21 @@ class SharedStage:
         )
         self.flush_trace()
         return decision
+
+    def _tiers(self, visible: Iterable[Sequence], now: float) -> list[Sequence]:
+        """The visible prompts in DTPS's tier order (module doc); the budget counts the
+        downstream stages' waiting hand-offs and the downstream-bound requests running here."""
+        running = sum(1 for s in self.batcher.running if _bound(s))
+        budget = dtps_budget(DTPS_THRESHOLD, self._downstream_waiting(), running)
+        self.dtps_budgets[budget] = self.dtps_budgets.get(budget, 0) + 1
+        return dtps_order(
+            list(visible),
+            now,
+            downstream=_bound,
+            prompt_tokens=_prompt,
+            arrival=_arrival,
+            budget=budget,
+        )
 
     def _preempt_for_urgent(self, decision: StepDecision) -> None:
         """The step's victim (if it names one) leaves the running set, its KV slot freed,
@@ -357,6 +399,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         drain,
         memory_info,
         setup_torch,
+        share_info,
     )
     from horizonserve.runtime.monitor import ControlRecord
     from horizonserve.runtime.policy import make_policy
@@ -388,6 +431,14 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
     def downstream_slack() -> float | None:
         return record.downstream_min_slack(time.monotonic_ns(), max_age_ns)
 
+    # DTPS's downstream queue depth: the waiting hand-offs the fed stages publish there.
+    queues = ControlRecord.open(cfg.queue_record_path) if cfg.queue_record_path else None
+
+    def downstream_waiting() -> int:
+        if queues is None:
+            return 0
+        return queues.downstream_active_total(time.monotonic_ns(), max_age_ns)
+
     def publish(decision: StepDecision, raw: float | None) -> None:
         s = decision.sm
         smoothed = nan if decision.pressure is None else decision.pressure
@@ -417,6 +468,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         sm=sm,
         trace_interval_s=cfg.trace_interval_s,
         downstream_slack=downstream_slack,
+        downstream_waiting=downstream_waiting,
     )
     if cfg.warmup:
         warmup_ar(executor, stage.batcher, sm)
@@ -426,6 +478,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         "kv_cache_gib": executor.cache.nbytes() / 2**30,
         "sharing": cfg.sharing,
         **sm_info(sm),
+        **share_info(cfg, device),
         **executor.graph_info(),
         **memory_info(device),
     }
@@ -464,11 +517,16 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         else:
             stage.iterate()
     stage.flush_trace(force=True)
-    events.put(Event(STOPPED, STAGE, time.monotonic(), data=memory_info(device)))
+    stopped: dict[str, Any] = dict(memory_info(device))
+    if stage.dtps_budgets:  # DTPS: steps per budget (what the tiers followed)
+        stopped["dtps_budget_steps"] = {str(b): n for b, n in sorted(stage.dtps_budgets.items())}
+    events.put(Event(STOPPED, STAGE, time.monotonic(), data=stopped))
     # The SM ladder is not closed: the process leaves right after (os._exit), and destroying
     # the Green Contexts first made a later free of a pinned buffer record an event on a dead
     # stream ("invalid device context", std::terminate) on the H200.
     record.close()
+    if queues is not None:
+        queues.close()
 
 
 def switch_policy(stage: SharedStage, config: ServingConfig, name: str, events: Any) -> None:

@@ -8,6 +8,18 @@ response (TTFO) there. The talker's playback clock per request counts the audio 
 (codes × the codec's seconds per code), which its step yielding reads. The stage marks how many
 requests it has in flight in its control-record slot and runs its kernels on the complementary
 SM count the shared stage published.
+
+Under `vllm-omni-current` (`runtime.baselines`) the talker runs vLLM-Omni's current rules, as
+the simulator does (`runtime.audio_window`, the one home of both):
+
+* bounded-K active streams, vllm-project/vllm-omni PR #3592 (merged; vLLM-Omni 0.30
+  `OmniChunkTransferAdapter._active_window = min(active_stream_window, max_num_seqs)`): at
+  most K streams hold a place (`audio_window.window_size`), a new one is admitted only into
+  the room a finished one left (`audio_window.window_room`), an active stream keeps its place
+  until it is done;
+* EDF playback, vllm-project/vllm-omni PR #6600 (open; its first version PR #6599 closed
+  unmerged; `active_stream_policy: edf`): the window is filled by first-audio deadline,
+  earliest first, with no late-last rule (`audio_window.EdfQueue`).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from horizonserve.runtime.audio_window import window_room, window_size
 from horizonserve.runtime.downstream import (
     PlaybackClock,
     reported_slack,
@@ -79,7 +92,9 @@ class SpeechStage:
         self.first = preset.first_chunk or preset.code_chunk  # codes in the first chunk
         self.batcher = ContinuousBatcher(preset.talker_limits)
         self.rules = rules or DownstreamRules()
-        self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock)
+        self.pending: StageQueue[Sequence] = StageQueue(self.rules.slack, clock, self.rules.edf)
+        self.window_k = self._window(self.rules)  # K of the bounded-K window (None: no window)
+        self.window_peak = 0  # most streams active at once since the window was set
         self.audio_per_code_s = 1.0 / preset.codes_per_audio_second
         self.yielded = 0  # decode steps started streams gave up to first chunks
         # Seconds per decode step (one code per stream), an EWMA of the talker's measured steps:
@@ -100,6 +115,23 @@ class SpeechStage:
     @property
     def idle(self) -> bool:
         return self.in_flight == 0
+
+    @property
+    def waiting(self) -> int:
+        """Hand-offs queued for a place (the queue depth DTPS reads at the shared stage)."""
+        return len(self.pending)
+
+    def _window(self, rules: DownstreamRules) -> int | None:
+        if not rules.window:
+            return None
+        return window_size(rules.window_k, self.batcher.limits.max_batch)
+
+    def _room(self) -> int:
+        """Places a new stream may take now: the free KV slots, and within the window's room."""
+        free = self.batcher.slots.free
+        if self.window_k is None:
+            return free
+        return min(free, window_room(self.window_k, len(self.batcher.running)))
 
     def submit(self, msg: Handoff) -> None:
         cond = msg.cond.to(self.talker.device).to(self.talker.dtype)
@@ -153,12 +185,17 @@ class SpeechStage:
     def counters(self) -> dict[str, int]:
         """Admissions past the point where the deadline could be met; decode steps started
         streams yielded to first chunks."""
-        return {"late_admitted": self.pending.late, "yielded_steps": self.yielded}
+        out = {"late_admitted": self.pending.late, "yielded_steps": self.yielded}
+        if self.window_k is not None:
+            out.update(window_k=self.window_k, window_peak=self.window_peak)
+        return out
 
     def configure(self, rules: DownstreamRules) -> None:
-        """The policy's rules: admission order, playback yielding, late refusal."""
+        """The policy's rules: admission order, playback yielding, late refusal, window."""
         self.rules = rules
-        self.pending.set_order(rules.slack)
+        self.pending.set_order(rules.slack, rules.edf)
+        self.window_k = self._window(rules)
+        self.window_peak = 0
 
     def _yielding(self, plan: BatchPlan) -> list[Sequence]:
         """This step's decodes: while a request in the step waits for its first chunk and none
@@ -182,8 +219,9 @@ class SpeechStage:
         the head of the place-aware order, as many as slots are free: the free slots now, each
         running stream's slot once its codes left are made at the measured step time."""
         if not self._projects_places():
-            return list(self.pending)
-        free = self.batcher.slots.free
+            listed = list(self.pending)
+            return listed if self.window_k is None else listed[: self._room()]
+        free = self._room()
         return self.pending.ordered(self._free_at(self._clock()), self.step_s, free)
 
     def _projects_places(self) -> bool:
@@ -209,7 +247,7 @@ class SpeechStage:
         )
         now = self._clock()
         u = min_slack(self.pending, started, now)
-        full = self.batcher.slots.free == 0
+        full = self._room() == 0
         return reported_slack(u, full, self.pending.peek_slack(), self.rules.saturated_first)
 
     @torch.inference_mode()
@@ -218,11 +256,14 @@ class SpeechStage:
         refuse_late(self.pending, self.rules, STAGE, _rid, self.emit)
         if self.idle:
             return  # every queued request was refused as late
-        # Candidates in the policy's admission order; listed only when a slot is free.
-        free = self.pending and self.batcher.slots.free
+        # Candidates in the policy's admission order; listed only when a place is free (a KV
+        # slot, and room in the window where there is one).
+        free = self.pending and self._room()
         plan = self.batcher.plan(self._candidates() if free else ())
         if plan.prefill:
             self.pending.take(plan.prefill)
+        # Invariant under the window: never more than K streams active.
+        self.window_peak = max(self.window_peak, len(self.batcher.running))
         embeds = [self.cond_proj(seq.payload.cond) for seq in plan.prefill]
         self.talker.prefill(plan.prefill, embeds)
         decode = self._yielding(plan)
@@ -278,7 +319,7 @@ def main(cfg: Any, in_q: Any, events: Any, handoff_qs: dict[str, Any]) -> None:
         lambda: nn.Linear(preset.thinker.hidden, preset.talker.hidden), device, dtype
     )
     sink: list[Any] = []  # warm-up events and chunks, never sent
-    rules = downstream_rules(loop.config)
+    rules = downstream_rules(loop.config, window=cfg.window)
     stage = SpeechStage(talker, cond_proj, preset, emit=sink.append, send=sink.append, rules=rules)
     if cfg.warmup:
         h = preset.thinker.hidden
