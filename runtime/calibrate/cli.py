@@ -16,6 +16,13 @@ Resumable: `--resume` keeps finished phases in `<out-dir>/<pipelines>.checkpoint
 them when the same command runs again (a device call cut by its time limit continues); the file
 is removed once the artifact is written.
 
+    horizonserve calibrate --backend vllm-omni [--model M] [--url URL] --out-dir DIR
+
+`--backend vllm-omni` measures the SLO table on vLLM-Omni itself instead: it starts
+`vllm serve MODEL --omni` with HorizonServe off (or uses the server at --url), probes each
+class alone from the client side and writes an artifact the plugin applies
+(`horizonserve.runtime.calibrate.vllm_omni`).
+
     horizonserve calibrate fit --records RUN --out ARTIFACT [--holdout-points r10,r6-l60]
 
 `fit` fits the contention factors the calibration cannot isolate to a measured campaign
@@ -48,7 +55,18 @@ from horizonserve.runtime.calibrate.stats import MIN_SOLO_SAMPLES as MIN_SOLO
 PIPELINES = ("qwen2_5_omni", "mimo_audio", "bagel")
 
 
+BACKENDS = ("reference", "vllm-omni")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="reference",
+        help="reference: HorizonServe's reference engine (SLO table, SM ladder, stage costs); "
+        "vllm-omni: the SLO table measured on vLLM-Omni itself (`vllm serve MODEL --omni`, "
+        "HorizonServe off; see --model, --url)",
+    )
     parser.add_argument(
         "--pipeline",
         help="pipeline(s) to calibrate, comma separated, or 'all' (default: the pipeline of "
@@ -92,6 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from horizonserve.runtime.calibrate import vllm_omni
+
+    vllm_omni.add_arguments(parser)
     sub = parser.add_subparsers(dest="calibrate_action", metavar="ACTION")
     fit = sub.add_parser(
         "fit",
@@ -247,6 +268,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from horizonserve.runtime.calibrate import vllm_omni
+
+    try:
+        vllm_omni.check_backend_options(args)
+        if args.backend == vllm_omni.BACKEND:
+            return _run_vllm_omni(args)
+    except vllm_omni.VllmOmniCalibrationError as exc:
+        raise CalibrateError(str(exc)) from None
+    return _run_reference(args)
+
+
+def _run_vllm_omni(args: argparse.Namespace) -> int:
+    """`--backend vllm-omni`: the SLO table measured on the served engine."""
+    from horizonserve.runtime.calibrate import vllm_omni
+
+    mode = _resolve_node_defaults(args)
+    pipelines = parse_pipelines(args.pipeline)
+    if mode is cfg.CalibrationMode.SKIP:
+        print("calibration skipped (mode skip)")
+        return 0
+    one = len(pipelines) == 1
+    found = vllm_omni.existing(args, pipelines[0], artifact_name) if one else None
+    if mode is cfg.CalibrationMode.AUTO and found:
+        print(f"artifact present, not calibrating again (mode auto): {found}")
+        return 0
+    command = "horizonserve calibrate " + " ".join(shlex.quote(a) for a in _argv())
+    return vllm_omni.run(args, pipelines, command, artifact_name)
+
+
+def _run_reference(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from horizonserve.runtime.calibrate.build import build_artifact
