@@ -83,6 +83,7 @@ from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
 from horizonserve.runtime.engine.vllm_omni.slack_order import (
     RecomputeCost,
+    ShortPrefills,
     order_running,
     preemption_pays,
     view_order,
@@ -203,9 +204,10 @@ class SharedStageController:
         self.waiting: dict[str, Any] = {}
         self.n_short_prefill = 0
         self.n_long_prefill = 0
-        # Waiting short-path prefills by id (the only candidates for a protected short-path
-        # request that may trigger preemption): O(short waiting) to find the protected ones.
-        self._short_prefills: dict[str, Any] = {}
+        # Waiting short-path prefills (the only candidates for a short-path request that may
+        # trigger preemption), indexed by latest start and protection instant: the preemption
+        # rule and the slack view ask it without walking every one (slack_order.ShortPrefills).
+        self._short_prefills: ShortPrefills[Any] = ShortPrefills()
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
         # Urgent-prefill boost: only a throttling policy has a cap to rise above.
         self._boost = self.policy.control.boost.prefill and isinstance(
@@ -246,7 +248,7 @@ class SharedStageController:
                 self.n_long_prefill += 1
             else:
                 self.n_short_prefill += 1
-                self._short_prefills[request.request_id] = request
+                self._short_prefills.add(request.request_id, request, sig)
 
     def _leave(self, request: Any, sig: RequestSignals) -> None:
         if self.waiting.pop(request.request_id, None) is None:
@@ -256,7 +258,7 @@ class SharedStageController:
                 self.n_long_prefill -= 1
             else:
                 self.n_short_prefill -= 1
-                self._short_prefills.pop(request.request_id, None)
+                self._short_prefills.discard(request.request_id)
         self.policy.dequeue(sig)
 
     def _class_of(self, request: Any) -> tuple[int, str | None, int, bool]:
@@ -510,7 +512,7 @@ class SharedStageController:
         otherwise the view's own walk (which stops after its last visible request) gives the
         set, reordered. O(short waiting) to tell which."""
         now = self._step_ns * 1e-9
-        if any(r.__dict__[SIG_ATTR].late for r in self._short_prefills.values()):
+        if self._short_prefills.any_late(now):
             return view_order(view.is_visible, w, _SIG, now)
         return view_order(_shown, list(view.iter_visible(w, _SIG)), _SIG, now)
 
@@ -547,6 +549,13 @@ class SharedStageController:
         if not policy.preemption:
             return []
         if not policy.temporal.short_waiting:
+            return []
+        if not _victim_possible(sched.running):
+            # No running request could be chosen (`choose_victim`'s candidates: long-path
+            # decodes never preempted), so the loop below would end with none: O(running).
+            if self.last_victims:
+                self.last_victims = []
+            self._urgent = []
             return []
         next_free = _next_free_s(sched.running)
         urgent = self._urgent = self._urgent_shorts(next_free)
@@ -596,12 +605,8 @@ class SharedStageController:
         if victim is None:
             return None
         recompute = self.recompute.recompute_s(victim.num_tokens)
-        served = set(urgent)
-        margins = [
-            r.__dict__[SIG_ATTR].can_wait_s(now)
-            for r in self._short_prefills.values()
-            if r not in served
-        ]
+        # Only margins in [0, recompute) count: the index gives those, O(log n + k).
+        margins = self._short_prefills.margins_below(now, recompute, set(urgent))
         margins.extend(sig.can_wait_s(now) for sig in _first_pending(sched.running))
         if preemption_pays(recompute, sooner, margins):
             return victim
@@ -611,14 +616,9 @@ class SharedStageController:
     def _urgent_shorts(self, next_free_s: float) -> list:
         """Waiting short-path prefills that need a place sooner than one frees (queue entry
         order): protected ones, and those that can still meet their deadline but not after
-        `next_free_s` (the rule of `TemporalScheduler.short_needs_place`, per request)."""
-        now = self._step_ns * 1e-9
-        out = []
-        for r in self._short_prefills.values():
-            sig = r.__dict__[SIG_ATTR]
-            if sig.protected or 0.0 <= sig.can_wait_s(now) < next_free_s:
-                out.append(r)
-        return out
+        `next_free_s` (the rule of `TemporalScheduler.short_needs_place`, per request).
+        O(log short waiting + protected + found)."""
+        return self._short_prefills.urgent(self._step_ns * 1e-9, next_free_s)
 
     @staticmethod
     def _decodes(sched: Any) -> list:
@@ -742,6 +742,18 @@ def _first_pending(running: list) -> list[RequestSignals]:
         if sig.decoded_tokens < sig.costs.decode_tokens:
             out.append(sig)
     return out
+
+
+def _victim_possible(running: list) -> bool:
+    """Some running request may be a preemption victim: long-path, past its prompt (what
+    `_decodes` keeps) and never preempted (`victim_slack`). Reads only, O(running)."""
+    for request in running:
+        sig = request.__dict__.get(SIG_ATTR)
+        if sig is None or not sig.long_path or sig.preempted or request.is_prefill_chunk:
+            continue
+        if request.num_computed_tokens >= request.num_prompt_tokens:
+            return True
+    return False
 
 
 def _next_free_s(running: list) -> float:

@@ -33,8 +33,10 @@ only; the baselines keep vLLM's order):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator
+from itertools import count
+from typing import Any, Generic, TypeVar
 
 from horizonserve.runtime.profiler import RequestSignals
 
@@ -173,6 +175,171 @@ class RecomputeCost:
     def recompute_s(self, tokens: int) -> float:
         """Time to prefill `tokens` again."""
         return tokens * self.per_token_s
+
+
+# Widening of the latest-start window: candidates within it are then tested with the exact
+# `can_wait_s` expression, so float rounding of d − r̂ − now never changes the answer.
+_WINDOW_EPS_S = 1e-6
+
+
+class _Entry(Generic[T]):
+    __slots__ = ("item", "prot", "rid", "sig", "start", "ticket")
+
+    def __init__(self, rid: str, item: T, sig: RequestSignals, ticket: int) -> None:
+        self.rid, self.item, self.sig, self.ticket = rid, item, sig, ticket
+        self.start = (sig.deadline - sig.remaining_s(), sig.seq)
+        self.prot: tuple[float, int] | None = None  # key in the protect_at list, if there
+
+
+def _ticket(entry: _Entry[Any]) -> int:
+    return entry.ticket
+
+
+class ShortPrefills(Generic[T]):
+    """The shared stage's waiting short-path prefills, indexed so that the per-step questions
+    of the preemption rule and the slack view do not walk every one of them.
+
+    Relies on three invariants of the control core: while a prefill waits its r̂ is fixed
+    (profiler.py), so its latest start d − r̂ and its protection instant `protect_at` are
+    constants; `protected` is latched only once the clock passed `protect_at` (at entry or at a
+    step's plan); `late`, once set, holds until the request leaves the queue, and a late
+    request is never protected (temporal.py).
+
+    * entry order: a dict by request id (iteration, `len`, membership);
+    * by latest start: sorted (d − r̂, seq): the ones with 0 ≤ can_wait < w in O(log n + k);
+    * by protect_at: sorted (protect_at, seq) of those not yet seen late: every protected one
+      lies in the prefix protect_at ≤ now; late ones met there move to `late` for good, so a
+      query walks the protected ones (and those not yet latched), each late one once.
+
+    Maintained on add / discard (O(log n) search, O(n) C-level list shifts); equal to a full
+    scan of the waiting short-path prefills after any sequence of them.
+    """
+
+    __slots__ = ("_bound", "_by_id", "_late", "_prot", "_prot_keys", "_start", "_start_keys",
+                 "_tickets")  # fmt: skip
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, _Entry[T]] = {}
+        self._start_keys: list[tuple[float, int]] = []
+        self._start: list[_Entry[T]] = []  # parallel to _start_keys
+        self._prot_keys: list[tuple[float, int]] = []
+        self._prot: list[_Entry[T]] = []  # parallel to _prot_keys
+        self._late: dict[str, _Entry[T]] = {}
+        # Largest protect_at of a request latched protected at entry (it entered after the
+        # step's plan, at a later clock): the protected prefix reaches at least this far.
+        self._bound = -_INF
+        self._tickets = count()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._by_id
+
+    def __iter__(self) -> Iterator[T]:
+        """The items in entry order."""
+        return (e.item for e in self._by_id.values())
+
+    def add(self, rid: str, item: T, sig: RequestSignals) -> None:
+        """`item` (a waiting short-path prefill, `sig` as the control core left it) entered."""
+        if rid in self._by_id:
+            self.discard(rid)
+        e = _Entry(rid, item, sig, next(self._tickets))
+        self._by_id[rid] = e
+        i = bisect_left(self._start_keys, e.start)
+        self._start_keys.insert(i, e.start)
+        self._start.insert(i, e)
+        if sig.late:
+            self._late[rid] = e
+            return
+        e.prot = (sig.protect_at, sig.seq)
+        i = bisect_left(self._prot_keys, e.prot)
+        self._prot_keys.insert(i, e.prot)
+        self._prot.insert(i, e)
+        if sig.protected and sig.protect_at > self._bound:
+            self._bound = sig.protect_at
+
+    def discard(self, rid: str) -> T | None:
+        """The request left (taken, aborted, freed); its item, or None if not here."""
+        e = self._by_id.pop(rid, None)
+        if e is None:
+            return None
+        _remove(self._start_keys, self._start, e.start, e)
+        if e.prot is not None:
+            _remove(self._prot_keys, self._prot, e.prot, e)
+        else:
+            self._late.pop(rid, None)
+        return e.item
+
+    def _protected(self, now: float) -> list[_Entry[T]]:
+        """The protected entries; late ones met on the way leave the protect_at list."""
+        keys, entries = self._prot_keys, self._prot
+        hi = bisect_right(keys, (max(now, self._bound), _INF))
+        out: list[_Entry[T]] = []
+        late: list[int] = []
+        for i in range(hi):
+            sig = entries[i].sig
+            if sig.protected:
+                out.append(entries[i])
+            elif sig.late:
+                late.append(i)
+        for i in reversed(late):
+            e = entries[i]
+            del keys[i], entries[i]
+            e.prot = None
+            self._late[e.rid] = e
+        return out
+
+    def _window(self, now: float, width_s: float) -> list[_Entry[T]]:
+        """Candidates for 0 ≤ can_wait_s(now) < width_s (a superset; callers test exactly)."""
+        keys = self._start_keys
+        lo = bisect_left(keys, (now - _WINDOW_EPS_S,))
+        hi = bisect_left(keys, (now + width_s + _WINDOW_EPS_S,), lo)
+        return self._start[lo:hi]
+
+    def urgent(self, now: float, wait_s: float) -> list[T]:
+        """The ones that need a place sooner than `wait_s` (in entry order): protected, or
+        able to meet their deadline but not after that wait (0 ≤ d − now − r̂ < wait_s).
+        O(log n + protected + k)."""
+        out = self._protected(now)
+        if wait_s > 0.0:
+            for e in self._window(now, wait_s):
+                sig = e.sig
+                if not sig.protected and 0.0 <= sig.can_wait_s(now) < wait_s:
+                    out.append(e)
+        out.sort(key=_ticket)
+        return [e.item for e in out]
+
+    def margins_below(self, now: float, below_s: float, exclude: set[Any]) -> list[float]:
+        """can_wait_s(now) of those not in `exclude` with 0 ≤ can_wait < `below_s`: the
+        margins `preemption_pays` counts (the others it ignores). O(log n + k)."""
+        if below_s <= 0.0:
+            return []
+        out = []
+        for e in self._window(now, below_s):
+            m = e.sig.can_wait_s(now)
+            if 0.0 <= m < below_s and e.item not in exclude:
+                out.append(m)
+        return out
+
+    def any_late(self, now: float) -> bool:
+        """Some waiting short-path prefill is late. O(protected) plus the newly late."""
+        self._protected(now)
+        return bool(self._late)
+
+
+_Key = tuple[float, int]
+
+
+def _remove(keys: list[_Key], entries: list[Any], key: _Key, e: Any) -> None:
+    i = bisect_left(keys, key)
+    n = len(keys)
+    while i < n and keys[i] == key:
+        if entries[i] is e:
+            del keys[i], entries[i]
+            return
+        i += 1
+    raise KeyError(key)  # the lists lost an entry: a bug, not a state to carry on from
 
 
 def preemption_pays(recompute_s: float, sooner_s: float, margins: Iterable[float]) -> bool:
