@@ -15,6 +15,13 @@ The burst: SPEECH requests (text + audio out) SPEECH_GAP_S apart, then TEXT requ
 out) right behind them, all streamed; the client records each request's first text token /
 first audio chunk. The test platform's workers trace what each stage was asked to run
 (HS_OMNI_TRACE).
+
+Before the ways, the SLO table is measured on the same engine: `horizonserve calibrate
+--backend vllm-omni` (run by --calibrate-python, the project's venv: it needs no vLLM itself)
+starts the same server with HorizonServe off and probes text-text and text-speech alone; the
+priority and horizon ways then serve with the measured artifact
+(HORIZONSERVE_CALIBRATION_ARTIFACT), so their SLO targets are measured on this machine, not
+guessed. `--artifact FILE` reuses an artifact instead.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -44,9 +52,11 @@ TEXT_MAX_TOKENS = 8
 SPEECH_MAX_TOKENS = (24, 20, 16, 12, 8, 4)
 TALKER_TOKENS = 24  # codec tokens per speech answer, the same in every way
 START_TIMEOUT_S = 600.0
-# CPU-sized solo p95s (the shipped table is for an H200), × the table's multiplier 5:
-# short path (text first token) 0.4 s, long path (speech first audio) 10 s.
-SOLO_P95_S = {"short": 0.08, "long": 2.0}
+# The classes the burst sends (the plugin's classes of priority codes 0 and 10), calibrated
+# alone: warm-up and measured requests each, at the burst's longest answer.
+CAL_CLASSES = ("text-text", "text-speech")
+CAL_WARMUP, CAL_REQUESTS = 1, 5
+CAL_TIMEOUT_S = 900.0
 # Contention: the thinker (shared stage) runs 2 requests at once, the talker 1.
 MAX_NUM_SEQS = {0: 2, 1: 1, 2: 1}
 
@@ -72,16 +82,54 @@ def cpu_deploy(out: Path) -> Path:
 
 
 def serving_config() -> str:
-    """The shipped Qwen2.5-Omni ServingConfig with CPU-sized SLOs (JSON)."""
+    """The shipped Qwen2.5-Omni ServingConfig (JSON); the calibration artifact sets its solo
+    p95s (so the SLO targets) in the server, as the plugin applies any artifact."""
     from horizonserve.runtime.engine.vllm_omni import settings
 
-    base = settings.base_config(env={settings.PIPELINE_ENV: "qwen2_5_omni"})
-    classes = [
-        c.model_copy(update={"solo_p95_s": SOLO_P95_S[c.path.value], "slo_multiplier": None})
-        for c in base.slo.classes
-    ]
-    config = base.model_copy(update={"slo": base.slo.model_copy(update={"classes": classes})})
-    return config.model_dump_json()
+    return settings.base_config(env={settings.PIPELINE_ENV: "qwen2_5_omni"}).model_dump_json()
+
+
+def served_config(config_json: str, artifact: Path) -> Any:
+    """The ServingConfig the plugin resolves from `config_json` and the artifact."""
+    from horizonserve.runtime.engine.vllm_omni import settings
+
+    env = {settings.SERVING_CONFIG_ENV: config_json, settings.ARTIFACT_ENV: str(artifact)}
+    return settings.resolve_config(env=env)
+
+
+def engine_env(tmp: Path) -> dict[str, str]:
+    """The CPU engine's settings, shared by the calibration and every way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORIZONSERVE_")}
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # no core pinning: the stages share 2 cores
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB per stage
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+def calibrate(model: str, deploy: Path, tmp: Path, python: str) -> dict[str, Any]:
+    """`horizonserve calibrate --backend vllm-omni` on this engine; the artifact it wrote."""
+    out_dir = tmp / "calibration"
+    length = str(max(SPEECH_MAX_TOKENS))  # the burst's longest answer, fixed (random weights)
+    cmd = [python, "-m", "horizonserve.runtime.cli", "calibrate", "--backend", "vllm-omni",
+           "--pipeline", "qwen2_5_omni", "--model", model,
+           "--vllm-command", str(Path(sys.executable).parent / "vllm"),
+           f"--serve-args=--deploy-config {shlex.quote(str(deploy))}",
+           "--classes", ",".join(CAL_CLASSES), "--warmup", str(CAL_WARMUP),
+           "--solo-requests", str(CAL_REQUESTS), "--max-tokens", length, "--min-tokens", length,
+           "--out-dir", str(out_dir)]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=engine_env(tmp), capture_output=True, text=True,
+                          timeout=CAL_TIMEOUT_S, cwd=tmp)  # fmt: skip
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        logs = sorted(out_dir.glob("*.serve.log"))
+        tail = logs[0].read_text(errors="replace")[-4000:] if logs else ""
+        print(f"--- calibration failed ---\n{proc.stdout}\n{proc.stderr}\n{tail}", file=sys.stderr)
+        raise RuntimeError(f"calibrate exited with {proc.returncode}")
+    (artifact,) = sorted(out_dir.glob("*--vllm-omni.json"))
+    return {"command": cmd, "stdout": proc.stdout, "wall_s": wall, "artifact": str(artifact)}
 
 
 def free_port() -> int:
@@ -90,12 +138,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def way_env(way: str, tmp: Path, config_json: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORIZONSERVE_")}
+def way_env(way: str, tmp: Path, config_json: str, artifact: Path) -> dict[str, str]:
+    env = engine_env(tmp)
     env.update(
-        VLLM_CPU_OMP_THREADS_BIND="nobind",  # no core pinning: the stages share 2 cores
-        VLLM_CPU_KVCACHE_SPACE="1",  # GiB per stage
-        HF_HUB_OFFLINE="1",
         HS_OMNI_TRACE=str(tmp / f"trace-{way}.jsonl"),
         HORIZONSERVE_SHM_DIR=str(tmp / f"shm-{way}"),
         HORIZONSERVE_STATS_FILE=str(tmp / f"stats-{way}.json"),
@@ -106,6 +151,7 @@ def way_env(way: str, tmp: Path, config_json: str) -> dict[str, str]:
     else:
         env["HORIZONSERVE_VLLM"] = "1"
         env["HORIZONSERVE_SERVING_CONFIG"] = config_json
+        env["HORIZONSERVE_CALIBRATION_ARTIFACT"] = str(artifact)
         if way == "priority":
             env["HORIZONSERVE_POLICY"] = "priority"
     return env
@@ -263,13 +309,15 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-async def run_way(way: str, model: str, deploy: Path, tmp: Path, config_json: str) -> dict:
+async def run_way(
+    way: str, model: str, deploy: Path, tmp: Path, config_json: str, artifact: Path
+) -> dict:
     port = free_port()
     log = tmp / f"serve-{way}.log"
     cmd = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--omni",
            "--deploy-config", str(deploy), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with log.open("w") as fh:
-        env = way_env(way, tmp, config_json)
+        env = way_env(way, tmp, config_json, artifact)
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=tmp)  # fmt: skip
     try:
@@ -321,6 +369,8 @@ async def main() -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--tmp", type=Path, default=None)
+    ap.add_argument("--artifact", type=Path, help="a calibration artifact (skips calibrating)")
+    ap.add_argument("--calibrate-python", default=sys.executable, help="runs calibrate")
     args = ap.parse_args()
     tmp = args.tmp or args.out.parent
     tmp.mkdir(parents=True, exist_ok=True)
@@ -332,12 +382,21 @@ async def main() -> int:
     deploy = cpu_deploy(tmp / "deploy-cpu.yaml")
     config_json = serving_config()
     report: dict[str, Any] = {"ways": {}, "slo_s": {}, "deploy": str(deploy)}
-    from horizonserve.runtime.config import ServingConfig
-
-    cfg = ServingConfig.model_validate_json(config_json)
+    if args.artifact is None:
+        report["calibration"] = calibrate(str(args.model), deploy, tmp, args.calibrate_python)
+        print(report["calibration"]["stdout"], end="", flush=True)
+        artifact = Path(report["calibration"]["artifact"])
+    else:
+        artifact = args.artifact
+        report["calibration"] = {"artifact": str(artifact), "reused": True}
+    cfg = served_config(config_json, artifact)
     report["slo_s"] = {c.name: cfg.slo.target_s(c.name) for c in cfg.slo.classes}
+    report["solo_p95_s"] = {c.name: c.solo_p95_s for c in cfg.slo.classes}
+    print("SLO targets measured by calibrate --backend vllm-omni (solo p95 x multiplier): "
+          + ", ".join(f"{c} {report['slo_s'][c]:.2f} s (p95 {report['solo_p95_s'][c]:.2f})"
+                      for c in CAL_CLASSES), flush=True)  # fmt: skip
     for way in args.ways.split(","):
-        run = await run_way(way, str(args.model), deploy, tmp, config_json)
+        run = await run_way(way, str(args.model), deploy, tmp, config_json, artifact)
         report["ways"][way] = run
         print(summary_line(run), flush=True)
         args.out.write_text(json.dumps(report, indent=1))
