@@ -92,46 +92,64 @@ def place_order(
 ) -> list[int]:
     """Which requests to keep so that each starts in time on the places (Moore–Hodgson).
 
-    `requests`: (late_at, occupancy_s) in deadline order; `free_at`: when each place frees
-    (≤ now: free). Returns the kept indices in order; the rest would make a kept one miss its
-    start. Invariants: walking the kept ones in order, each takes the earliest free place and
-    starts by its `late_at`; where all of `requests` can, all are kept. The walk keeps the
-    places' state before each position, so a deferral resumes there: O(k·p) without deferrals
-    and O(k²·p) at worst, for k requests (≤ PLACE_HORIZON where the queue calls it) and p
-    places.
+    `requests`: (late_at, occupancy_s ≥ 0) in deadline order; `free_at`: when each place
+    frees (≤ now: free). Returns the kept indices in order; the rest would make a kept one miss
+    its start. Invariants: walking the kept ones in order, each takes the earliest free place
+    and starts by its `late_at`; where all of `requests` can, all are kept. O(k·log p) without
+    deferrals, for k requests (≤ PLACE_HORIZON where the queue calls it) and p places; a
+    deferral before the walk's position walks the kept ones before it again: O(k²·log p) at
+    worst.
+
+    Dropping a request never makes a later one start later (each place frees no later), so
+    after a deferral the walk passes again up to the one that missed. A request due to start
+    before any place frees (`late_at` below the earliest) misses on any places: the walk
+    would defer, one at a time, every kept one before it at least as long (the longest first,
+    the first of equals first), then the request itself; that is done in one go.
     """
     if not free_at or not requests:
         return []
+    floor = min(free_at)
+    floor = floor if floor > now else now  # no place frees earlier
+    if floor > requests[0][0] and floor > max(r[0] for r in requests):
+        return []  # no request can start in time on any place: every one is deferred
     first = [t if t > now else now for t in free_at]
     heapq.heapify(first)
-    if first[0] > max(r[0] for r in requests):
-        return []  # no request can start in time on any place: every one is deferred
-    places = first.copy()
+    replace = heapq.heapreplace
+    places = first.copy()  # the places' free times before the request the walk is at
+    pos = 0
     for late_at, occupancy in requests:  # one walk: where every request starts in time
-        if places[0] > late_at:
+        start = places[0]
+        if start > late_at:
             break
-        heapq.heapreplace(places, places[0] + occupancy)
+        replace(places, start + occupancy)
+        pos += 1
     else:
         return list(range(len(requests)))
-    kept = list(range(len(requests)))
-    before = [first]  # before[pos]: the places' free times before kept[pos] takes one
-    pos = 0
+    kept = list(range(len(requests)))  # the walk goes on at kept[pos], the one that missed
     while pos < len(kept):
         late_at, occupancy = requests[kept[pos]]
-        places = before[pos]
-        if places[0] > late_at:
-            # Defer the longest of those walked so far, the one that missed included; the
-            # walk resumes where the deferred one stood (the places before it are unchanged).
-            longest = max(range(pos + 1), key=lambda q: requests[kept[q]][1])
-            del kept[longest]
-            del before[longest + 1 :]
-            pos = longest
+        start = places[0]
+        if start <= late_at:
+            replace(places, start + occupancy)
+            pos += 1
             continue
-        places = places.copy()
-        heapq.heapreplace(places, places[0] + occupancy)
-        del before[pos + 1 :]
-        before.append(places)
-        pos += 1
+        # Defer the longest of those walked so far, the one that missed included; the walk
+        # resumes where the deferred one stood.
+        if floor > late_at:  # it misses on any places: its deferrals in one go (above)
+            shorter = [i for i in kept[:pos] if requests[i][1] < occupancy]
+            resume = pos
+            if len(shorter) < pos:  # the walk resumes at the first one at least as long
+                resume = next(q for q, i in enumerate(kept) if requests[i][1] >= occupancy)
+            kept[: pos + 1] = shorter
+        else:
+            lengths = [requests[i][1] for i in kept[: pos + 1]]
+            resume = lengths.index(max(lengths))  # the first of the longest, as max keeps
+            del kept[resume]
+        if resume < pos:  # the places before kept[resume]: the kept ones before it, again
+            places = first.copy()
+            for i in kept[:resume]:
+                replace(places, places[0] + requests[i][1])
+        pos = resume
     return kept
 
 
@@ -311,18 +329,24 @@ class SlackQueue(_Handout[T]):
         want = n + PLACE_HORIZON if free_at is not None else n
         meet: list[_Entry[T]] = []
         stale: list[_Entry[T]] = []
-        for t in self._meet:
-            e = t[2]
+        for _, _, e in self._meet:
             if now > e.late_at:
                 stale.append(e)
             elif len(meet) < want:
                 meet.append(e)
             else:
                 break
-        if free_at is not None and s_per_work > 0.0 and any(e.work > 0.0 for e in meet):
+        if (
+            free_at is not None
+            and s_per_work > 0.0
+            and meet
+            and (meet[0].work > 0.0 or any(e.work > 0.0 for e in meet))  # the head mostly
+        ):
             head = meet[:PLACE_HORIZON]
             kept = place_order(now, free_at, [(e.late_at, e.work * s_per_work) for e in head])
-            if len(kept) < len(head):  # else every one starts in time: deadline order stands
+            if not kept:  # every one deferred: behind the other meetable ones, in order
+                meet = meet[PLACE_HORIZON:] + head
+            elif len(kept) < len(head):  # else every one starts in time: deadline order stands
                 chosen = set(kept)
                 deferred = [e for i, e in enumerate(head) if i not in chosen]
                 meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
@@ -331,7 +355,10 @@ class SlackQueue(_Handout[T]):
             known = (t[2] for t in self._late)
             late = heapq.merge(known, stale, key=lambda e: (e.deadline, e.seq))
             out += [(e.item, True) for e in itertools.islice(late, n - len(out))]
-        if len(stale) > 16:  # late stays late (`late_at` is fixed, the clock only moves on)
+        # Late stays late (`late_at` is fixed, the clock only moves on): once the walk crossed
+        # more than 16 late entries, or half the queue, move them all (O(n), so at most twice
+        # the walk just paid), so later listings do not cross them again.
+        if len(stale) > 16 or 2 * len(stale) > self._live:
             self._rebuild(now)
         return out
 
@@ -355,7 +382,8 @@ class SlackQueue(_Handout[T]):
         i = bisect_left(lst, (e.deadline, e.seq))
         assert lst[i][2] is e, "a queued entry is in its list"
         del lst[i]
-        self._forget(e)
+        del self._by_item[id(item)]  # `_forget`, inlined: `take` pays this per freed place
+        self._live -= 1
         return True
 
     def _forget(self, e: _Entry[T]) -> None:

@@ -118,8 +118,11 @@ class SpatialController:
     """Bandwidth-guided SM throttling with hysteresis."""
 
     __slots__ = (
+        "_aggressive",
+        "_b_sat",
         "_boost",
         "_control",
+        "_decisions",
         "_hyst",
         "_ladder",
         "_levels",
@@ -127,8 +130,12 @@ class SpatialController:
         "_open",
         "_prev",
         "_reserve",
+        "_s_min",
+        "_s_reserve",
         "_slack_split",
         "_span",
+        "_total",
+        "_unknown_rho",
         "ewma",
     )
 
@@ -141,8 +148,16 @@ class SpatialController:
         verdicts = verdicts or SharingVerdicts()
         self._ladder = ladder
         self._control = control
+        # The ladder and the control are frozen: their values, read once here, hold for the
+        # controller's life.
         self._levels = list(ladder.levels)
+        self._s_min = ladder.s_min
         self._span = ladder.s_cap - ladder.s_min
+        self._aggressive = ladder.aggressive
+        self._total = ladder.total
+        self._s_reserve = ladder.s_reserve
+        self._b_sat = control.b_sat
+        self._unknown_rho = control.unknown_pressure
         self._hyst = control.hysteresis_steps
         self._boost = control.boost.prefill
         self._lift = control.boost.backlog and verdicts.backlog_lift_pays
@@ -151,6 +166,9 @@ class SpatialController:
         self._slack_split = control.sm_split is SmSplit.SLACK
         self._open = not verdicts.throttling_pays
         self._reserve = verdicts.reservation_pays
+        # A decision is a function of (level, changed) alone (the SMs follow from the level on
+        # a fixed ladder), so each is built once and shared: decisions are frozen values.
+        self._decisions: dict[tuple[int, bool], SmDecision] = {}
 
     @property
     def ladder(self) -> SmLadder:
@@ -163,8 +181,8 @@ class SpatialController:
     def rho(self) -> float:
         b = self.ewma.value
         if b is None:
-            return self._control.unknown_pressure
-        r = b / self._control.b_sat
+            return self._unknown_rho
+        r = b / self._b_sat
         return 0.0 if r < 0.0 else 1.0 if r > 1.0 else r
 
     def _target_level(self, raw: float, prev: SmDecision | None) -> int:
@@ -184,17 +202,16 @@ class SpatialController:
         """The shared-stage SM cap for this step (Eq. 1 with hysteresis, backlog lift, slack
         split; see the module doc for the slack arguments)."""
         prev = self._prev
-        ladder = self._ladder
         if not downstream_active:
-            level, shared = AGGRESSIVE, ladder.aggressive
+            level, shared = AGGRESSIVE, self._aggressive
         elif backlog and self._lift:
-            level, shared = LIFTED, ladder.aggressive
+            level, shared = LIFTED, self._aggressive
         elif self._slack_split and _downstream_first(shared_slack, downstream_slack):
-            level, shared = (RESERVED, ladder.s_reserve) if self._reserve else (OPEN, ladder.total)
+            level, shared = (RESERVED, self._s_reserve) if self._reserve else (OPEN, self._total)
         elif self._open:
-            level, shared = OPEN, ladder.total
+            level, shared = OPEN, self._total
         else:
-            raw = ladder.s_min + self.rho() * self._span
+            raw = self._s_min + self.rho() * self._span
             level = self._target_level(raw, prev)
             shared = self._levels[level]
         if prev is not None and prev.level == level:
@@ -202,10 +219,12 @@ class SpatialController:
         return self._remember(shared, level, True)
 
     def _remember(self, shared: int, level: int, changed: bool) -> SmDecision:
-        ladder = self._ladder
-        prefill = ladder.aggressive if self._boost and partitioned(level) else shared
-        down = ladder.total if level == OPEN else ladder.headroom(shared)
-        d = SmDecision(shared, down, level, changed, prefill)
+        d = self._decisions.get((level, changed))
+        if d is None:
+            ladder = self._ladder
+            prefill = ladder.aggressive if self._boost and partitioned(level) else shared
+            down = ladder.total if level == OPEN else ladder.headroom(shared)
+            d = self._decisions[level, changed] = SmDecision(shared, down, level, changed, prefill)
         self._prev = d
         return d
 

@@ -151,9 +151,12 @@ class Phase(StrEnum):
     ALL = "all"  # no path filtering (rotation disabled)
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class StepView:
-    """The decision of one step: a predicate over waiting requests."""
+    """The decision of one step: a predicate over waiting requests.
+
+    Built once per step by `TemporalScheduler.plan` (positionally: a keyword call costs twice
+    as much on this path); every other caller names the fields."""
 
     step: int
     phase: Phase  # effective phase after work conservation
@@ -563,21 +566,23 @@ class TemporalScheduler:
                 )
                 long_hidden = long_n > self._cap
                 short_on_time = dl
+        # Field order: step, phase, n, long_limit, long_visible, visible, edf, by_priority,
+        # index, late_limit, late_long_visible, late, long_hidden, short_on_time.
         return StepView(
-            step=step,
-            phase=phase,
-            n=n,
-            long_limit=long_limit,
-            long_visible=long_visible,
-            visible=visible,
-            edf=dl,
-            by_priority=self._by_priority,
-            index=index,
-            late_limit=late_limit,
-            late_long_visible=late_long_visible,
-            late=n_late,
-            long_hidden=long_hidden,
-            short_on_time=short_on_time,
+            step,
+            phase,
+            n,
+            long_limit,
+            long_visible,
+            visible,
+            dl,
+            self._by_priority,
+            index,
+            late_limit,
+            late_long_visible,
+            n_late,
+            long_hidden,
+            short_on_time,
         )
 
     def _long_phase(
