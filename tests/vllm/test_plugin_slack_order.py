@@ -9,6 +9,7 @@ is left: older than ≈ 7.7 s).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -195,3 +196,146 @@ def test_the_async_scheduler_under_kv_pressure(build, clock, victim_order):
             sched.update_from_output(*pending)
         pending = (out, fake_model_output(sched, out))
     assert evicted == ({"L0"} if victim_order else {"S1"})
+
+
+# -- the incremental index of waiting short-path prefills equals a full scan -----------------
+
+
+def _scan_urgent(items: list[Any], sig_of: Any, now: float, wait_s: float) -> list[Any]:
+    """The preemption rule's urgent prefills, by walking every one (what the index replaces)."""
+    out = []
+    for item in items:
+        sig = sig_of(item)
+        if sig.protected or 0.0 <= sig.can_wait_s(now) < wait_s:
+            out.append(item)
+    return out
+
+
+def _scan_margins(items: list[Any], sig_of: Any, now: float, below: float, exclude: set) -> list:
+    margins = [sig_of(item).can_wait_s(now) for item in items if item not in exclude]
+    return sorted(m for m in margins if 0.0 <= m < below)
+
+
+def _assert_index_equals_scan(index: Any, items: list[Any], sig_of: Any, now: float) -> None:
+    """`index` (ShortPrefills) against a walk over `items` (the prefills in entry order)."""
+    assert list(index) == items and len(index) == len(items)
+    for wait_s in (0.0, 0.004, 0.03, 0.09, 0.5, 5.0, math.inf):
+        want = _scan_urgent(items, sig_of, now, wait_s)
+        assert index.urgent(now, wait_s) == want, wait_s
+        exclude = set(want[::2])
+        below = 0.05 if math.isinf(wait_s) else wait_s
+        got = sorted(index.margins_below(now, below, exclude))
+        assert got == _scan_margins(items, sig_of, now, below, exclude)
+    assert index.any_late(now) == any(sig_of(item).late for item in items)
+
+
+@pytest.mark.parametrize(("late", "seed"), [("yield", 1), ("yield", 2), ("protect", 3)])
+def test_short_prefill_index_equals_a_full_scan_under_the_control_core(hs_env, late, seed):
+    """Random admissions (fresh, nearly late, late), re-entries at a later clock (a resumed or
+    re-adopted prompt: protected or late at entry), departures (taken, finished, aborted),
+    preempted decodes re-queued (not prefills: never in the index) and steps that advance the
+    clock and latch protection and lateness: the index answers as a walk over every one."""
+    import random
+
+    from horizonserve.runtime.engine.vllm_omni.slack_order import ShortPrefills
+    from horizonserve.runtime.policy import make_policy
+
+    config = hs_env("horizon", late=late)
+    policy = make_policy(config.policy, config)
+    rng = random.Random(seed)
+    index: ShortPrefills[str] = ShortPrefills()
+    sigs: dict[str, Any] = {}  # waiting requests, in entry order (the controller's `waiting`)
+    now = 1_000.0
+
+    def enter(rid: str, sig: Any) -> None:
+        sigs[rid] = sig
+        if not sig.long_path and not sig.prefilled:
+            index.add(rid, rid, sig)
+
+    def leave(rid: str) -> Any:
+        sig = sigs.pop(rid)
+        index.discard(rid)
+        policy.dequeue(sig)
+        return sig
+
+    for i in range(700):
+        op = rng.random()
+        if op < 0.45 or not sigs:
+            prio = TEXT if rng.random() < 0.7 else SPEECH
+            age = rng.choice([0.0, 0.02, 0.08, 0.095, 0.15, 8.0])
+            sig = policy.admit(f"R{i}", now - age, priority=prio)
+            enter(f"R{i}", sig)
+        elif op < 0.55:  # re-entry, flags latched at entry, maybe at a clock past the step's
+            rid = rng.choice(list(sigs))
+            sig = leave(rid)
+            policy.requeue(sig, now + rng.choice([0.0, 0.005, 0.05]))
+            enter(rid, sig)
+        elif op < 0.62:  # taken, then preempted back as a decode continuation
+            rid = rng.choice(list(sigs))
+            sig = leave(rid)
+            sig.record_progress(prefilled=True)
+            policy.requeue(sig, now)
+            enter(rid, sig)
+        elif op < 0.8:  # taken into a batch, finished or aborted
+            leave(rng.choice(list(sigs)))
+        else:
+            now += rng.choice([0.001, 0.01, 0.04, 0.3])
+            policy.step(now, downstream_active=False)
+        items = [rid for rid, sig in sigs.items() if not sig.long_path and not sig.prefilled]
+        _assert_index_equals_scan(index, items, sigs.__getitem__, now)
+        # On the boundaries: a clock at a prefill's latest start d − r̂ (can wait 0 s, up to
+        # rounding), and a wait ending there.
+        for rid in rng.sample(items, min(2, len(items))):
+            sig = sigs[rid]
+            start = sig.deadline - sig.remaining_s()
+            if start >= now:
+                _assert_index_equals_scan(index, items, sigs.__getitem__, start)
+                want = _scan_urgent(items, sigs.__getitem__, now, start - now)
+                assert index.urgent(now, start - now) == want
+
+
+@pytest.mark.parametrize(("kind", "seed"), [("omni_ar", 4), ("omni_ar_async", 5)])
+def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, kind, seed):
+    """The controller's index under random load on the real scheduler — arrivals fresh,
+    protected and late, aborts, vLLM's own KV preemptions and the plugin's — after every
+    step, against a walk over the controller's waiting requests."""
+    import random
+
+    from vllm.v1.request import RequestStatus
+
+    from horizonserve.runtime.engine.vllm_omni.scheduler import free_slots
+
+    sched, config = build(kind, max_num_seqs=4, num_blocks=40, max_num_batched_tokens=96)
+    hs = sched.horizon
+    rng = random.Random(seed)
+    n = 0
+    seen = {"late": 0, "protected": 0, "preempted": 0}
+    for _ in range(300):
+        # Speech decodes keep the places busy; text arrives fresh, nearly late, protected
+        # (past ≈ 0.092 s of its 0.1 s) or late, sometimes several at once.
+        arrivals = []
+        if free_slots(sched) > 0 and not hs.n_long_prefill:
+            arrivals.append((SPEECH, rng.choice([0.0, 3.0, 6.0]), rng.randint(5, 40)))
+        for _ in range(rng.choice([0] * 6 + [1, 1, 2, 3])):
+            arrivals.append(
+                (TEXT, rng.choice([0.0, 0.05, 0.095, LATE_TEXT_AGE]), rng.randint(1, 4))
+            )
+        for prio, age, max_tokens in arrivals:
+            add(sched, config, clock, [(f"R{n}", prio, age)], n=rng.randint(4, 60),
+                max_tokens=max_tokens)  # fmt: skip
+            n += 1
+        if rng.random() < 0.05:
+            queued = [r for r in list(sched.waiting) + sched.running if not r.is_finished()]
+            if queued:
+                rid = rng.choice(queued).request_id
+                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        out, _ = run_step(sched)
+        now = hs._step_ns * 1e-9
+        items = [r for r in hs.waiting.values() if not r._hs_sig.long_path]
+        items = [r for r in items if not r._hs_sig.prefilled]
+        _assert_index_equals_scan(hs._short_prefills, items, lambda r: r._hs_sig, now)
+        seen["late"] += sum(r._hs_sig.late for r in items)
+        seen["protected"] += sum(r._hs_sig.protected for r in items)
+        seen["preempted"] += len(out.preempted_req_ids)
+        clock.advance(rng.choice([0.002, 0.01, 0.03]))
+    assert all(seen.values()), seen  # the load reached every state the index answers for
