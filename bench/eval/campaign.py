@@ -22,10 +22,17 @@ new plan, `compact` finished sessions' raw records to xz):
 
 Systems (paper §6.1): Vanilla = fcfs time-sliced; EDF time-sliced; MPS = fcfs under MPS;
 EDF-MPS; HorizonServe = horizon under MPS + Green Context ladders; ablations
-horizon-no-rotation (MPS + ladders) and horizon-no-throttling (MPS, no caps).
+horizon-no-rotation (MPS + ladders) and horizon-no-throttling (MPS, no caps). The 2026
+baselines (`runtime.baselines`: shed, shed-edf, vllm-omni-current, mps-static) join the main
+systems with `plan --new-baselines`; `plan --capacity SIM_PLAN.json` lays out a capacity
+campaign instead (`capacity_tiers`: each system's bracket of its simulated 90 % crossing, the
+60 % long-path point, one past-capacity point). mps-static runs in a GPU-sharing group of its
+own (its MPS shares are fixed when the stage processes start).
 
 Attainment counts every request of a point: one still without its first response when its
-SLO ran out is a miss (the run waits until each request answered or passed its deadline).
+SLO ran out is a miss (the run waits until each request answered or passed its deadline), and
+so is one the engine refused at submission (vLLM's queue limits under the shed presets, a
+stage unavailable, a request it cannot serve): it is recorded unanswered, with the reason.
 """
 
 from __future__ import annotations
@@ -60,15 +67,22 @@ SYSTEMS: dict[str, tuple[str, bool]] = {
 LABELS = {name: s.label for name, s in _registry.SYSTEMS.items()}
 MAIN = _registry.MAIN
 ABLATIONS = _registry.ABLATIONS
-ALL = (*MAIN, *ABLATIONS)
-MODE_ORDER = ("mps-gc", "mps", "timeslice")  # a fixed order of the groups
+NEW_BASELINES = _registry.BASELINES_2026
+ALL = (*MAIN, *ABLATIONS, *NEW_BASELINES)
+MPS_STATIC = "mps-static"  # MPS with a fixed share per stage process: a group of its own
+MODE_ORDER = ("mps-gc", "mps", MPS_STATIC, "timeslice")  # a fixed order of the groups
 
 
 def mode_of(system: str) -> str:
-    """GPU-sharing mode the engine runs a system under on a CUDA device with MPS."""
+    """GPU-sharing mode the engine runs a system under on a CUDA device with MPS; mps-static
+    is MPS too, but its shares are set when the stages start, so it groups apart (a switch to
+    or from it restarts the stages)."""
+    from horizonserve.runtime.baselines import rules_for
     from horizonserve.runtime.engine.reference.gpu_control import sharing_for
 
     policy, mps = SYSTEMS[system]
+    if rules_for(policy).static_share:
+        return MPS_STATIC
     return sharing_for(policy, mps=mps, cuda=True, mps_available=True)
 
 
@@ -155,6 +169,7 @@ def tiers(
     stress_rate: float,
     long_rate: float,
     stress_long: float,
+    main: tuple[str, ...] = MAIN,
 ) -> list[tuple[int, str, float, float | None, str, int]]:
     """(tier, point id, rate, long share, system, rep) for the whole campaign, by priority.
 
@@ -166,6 +181,8 @@ def tiers(
     4: the rest of the long-path sweep.  5: the remaining rates; ablations at the long rate.
     6: ablations and a HorizonServe repeat at the heavy point, repeats of the MPS baselines and
        Priority at the stressed rate.  7: ablations at the remaining rates.
+    `main`: the main systems (the paper's; with the 2026 baselines, `NEW_BASELINES` too, which
+    then also join the other baselines at the heavy point).
     """
     out: list[tuple[int, str, float, float | None, str, int]] = []
     s_id = _point_id(stress_rate, None)
@@ -177,27 +194,122 @@ def tiers(
             if not any(o[1] == pid and o[4] == s and o[5] == rep for o in out):
                 out.append((tier, pid, rate, lr, s, rep))
 
-    add(1, stress_rate, None, MAIN)
+    add(1, stress_rate, None, main)
     add(1, long_rate, stress_long, ("horizon", "edf-mps", "priority"))
     add(2, stress_rate, None, ABLATIONS)
     add(2, long_rate, stress_long, ("mps", "fcfs", "edf", "priority-mps"))
-    add(2, long_rate, None, MAIN)
+    add(2, long_rate, stress_long, tuple(s for s in main if s in NEW_BASELINES))
+    add(2, long_rate, None, main)
     add(3, stress_rate, None, ("horizon",), rep=2)
     others = [r for r in sorted(rates, reverse=True) if _point_id(r, None) not in (s_id, l_id)]
     for r in others:
         if r > stress_rate:
-            add(3, r, None, MAIN)
+            add(3, r, None, main)
     for lr in long_ratios:
         if lr != stress_long:
-            add(4, long_rate, lr, MAIN)
+            add(4, long_rate, lr, main)
     for r in others:
-        add(5, r, None, MAIN)
+        add(5, r, None, main)
     add(5, long_rate, None, ABLATIONS)
     add(6, long_rate, stress_long, ABLATIONS)
     add(6, long_rate, stress_long, ("horizon",), rep=2)
     add(6, stress_rate, None, ("mps", "edf-mps", "priority"), rep=2)
     for r in others:
         add(7, r, None, ABLATIONS)
+    return out
+
+
+CAPACITY_TARGET = 0.9  # the attainment whose crossing the capacity campaign brackets
+BRACKET = (0.9, 1.1)  # a bracket's rates: these multiples of the simulated capacity, on the grid
+PAST = 1.2  # the past-capacity point: this multiple of the highest simulated capacity
+
+
+def bracket(capacity: float, grid: float) -> tuple[float, float]:
+    """Two rates on a grid of `grid` req/s around a simulated 90 % crossing: the highest at or
+    below 0.9 × capacity and the lowest at or above 1.1 × capacity. Invariant: grid ≤ low <
+    high, both multiples of the grid (a tiny capacity gets the grid's first two rates)."""
+    if capacity <= 0 or grid <= 0:
+        raise ValueError(f"bracket: capacity {capacity} and grid {grid} must be positive")
+    low = max(1, math.floor(BRACKET[0] * capacity / grid + 1e-9))
+    high = max(low + 1, math.ceil(BRACKET[1] * capacity / grid - 1e-9))
+    return round(low * grid, 6), round(high * grid, 6)
+
+
+def read_capacities(paths: list[str], pipeline: str) -> dict[str, float]:
+    """Each system's simulated capacity (the highest rate sustained at the target) for
+    `pipeline` from `horizonserve sim plan --json` files; a later file's system replaces an
+    earlier one's (e.g. a rerun of one system)."""
+    caps: dict[str, float] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        try:
+            entry = data["pipelines"][pipeline]
+        except KeyError:
+            raise SystemExit(f"--capacity {path}: no {pipeline} entry") from None
+        if entry.get("target") != CAPACITY_TARGET:
+            raise SystemExit(f"--capacity {path}: target {entry.get('target')}, not 0.9")
+        for row in entry["systems"]:
+            if row.get("rate_ok") is None:
+                raise SystemExit(f"--capacity {path}: {row['system']} sustains no rate")
+            caps[row["system"]] = float(row["rate_ok"])
+    return caps
+
+
+def capacity_tiers(
+    caps: dict[str, float],
+    systems: tuple[str, ...],
+    grid: float,
+    long_rate: float,
+    long_ratio: float,
+    past_rate: float,
+) -> list[tuple[int, str, float, float | None, str, int]]:
+    """(tier, point id, rate, long share, system, rep) of a capacity campaign, by priority.
+
+    Lead systems: HorizonServe and the new baseline with the highest simulated capacity.
+    1: the lead systems' brackets (`bracket`).  2: the lead systems at the long-path point
+    (`long_ratio` at `long_rate`) and at the past-capacity point.  3: the other new baselines'
+    brackets.  4: the other new baselines at the long-path and past-capacity points.  5: the
+    paper's baselines' brackets.  6: the paper's baselines at the other two points.
+    """
+    missing = [s for s in systems if s not in caps]
+    if missing:
+        raise SystemExit(f"--capacity: no simulated capacity for {missing}")
+    new = [s for s in systems if s in NEW_BASELINES]
+    lead = ("horizon", *(sorted(new, key=lambda s: -caps[s])[:1]))
+    lead = tuple(s for s in lead if s in systems)
+    others_new = tuple(s for s in new if s not in lead)
+    old = tuple(s for s in systems if s not in lead and s not in NEW_BASELINES)
+    out: list[tuple[int, str, float, float | None, str, int]] = []
+
+    def add(tier: int, rate: float, lr: float | None, group: tuple[str, ...]) -> None:
+        pid = _point_id(rate, lr)
+        for s in group:
+            if not any(o[1] == pid and o[4] == s for o in out):
+                out.append((tier, pid, rate, lr, s, 1))
+
+    for tier, group in ((1, lead), (3, others_new), (5, old)):
+        for s in group:
+            for rate in bracket(caps[s], grid):
+                add(tier, rate, None, (s,))
+        add(tier + 1, long_rate, long_ratio, group)
+        add(tier + 1, past_rate, None, group)
+    return out
+
+
+def baseline_settings(
+    system: str, pipeline: str, total_sms: int, args: argparse.Namespace
+) -> dict[str, int]:
+    """What an item of a 2026 baseline runs with beyond its preset: mps-static's shared-stage
+    SMs (`runtime.baselines.static_share`, or `--static-share`), vllm-omni-current's window K
+    where `--window` sets one (else the talker's places)."""
+    from horizonserve.runtime.baselines import rules_for, static_share
+
+    rules = rules_for(SYSTEMS[system][0])
+    out: dict[str, int] = {}
+    if rules.static_share:
+        out["static_share"] = static_share(pipeline, total_sms, args.static_share)
+    if rules.window and args.window is not None:
+        out["window"] = args.window
     return out
 
 
@@ -213,7 +325,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"control": control, "verdicts": verdicts})
     workload = load_workload(args.pipeline)
     long_classes = tuple(c.name for c in config.slo.classes if c.path is PathKind.LONG)
-    rows = tiers(args.rates, args.long_ratios, args.stress_rate, args.long_rate, args.stress_long)
+    capacity: dict[str, Any] | None = None
+    if args.capacity:
+        systems = tuple(args.systems.split(",")) if args.systems else (*MAIN, *NEW_BASELINES)
+        unknown = sorted(set(systems) - set(SYSTEMS))
+        if unknown:
+            raise SystemExit(f"--systems: unknown {unknown}; choose from {', '.join(ALL)}")
+        caps = read_capacities(args.capacity, args.pipeline)
+        top = max(caps[s] for s in systems if s in caps)
+        past = args.past_rate or round(math.ceil(PAST * top / args.grid) * args.grid, 6)
+        rows = capacity_tiers(caps, systems, args.grid, args.long_rate, args.stress_long, past)
+        capacity = {"sources": args.capacity, "simulated_capacity": {s: caps[s] for s in systems},
+                    "target": CAPACITY_TARGET, "grid": args.grid, "bracket": list(BRACKET),
+                    "past_rate": past}  # fmt: skip
+    else:
+        main = (*MAIN, *NEW_BASELINES) if args.new_baselines else MAIN
+        rows = tiers(
+            args.rates, args.long_ratios, args.stress_rate, args.long_rate, args.stress_long, main
+        )
     points: dict[str, dict[str, Any]] = {}
     items = []
     for tier, pid, rate, lr, system, rep in rows:
@@ -251,7 +380,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         items.append(
             {"id": f"{pid}/{system}/rep{rep}", "tier": tier, "point": pid, "system": system,
              "rep": rep, "policy": SYSTEMS[system][0], "mps": SYSTEMS[system][1],
-             "mode": mode_of(system)}
+             "mode": mode_of(system),
+             **baseline_settings(system, args.pipeline, config.ladder.total, args)}
         )  # fmt: skip
     plan = {
         "schema": 1,
@@ -264,6 +394,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "serving_config": json.loads(config.model_dump_json()),
         "control_overrides": control_knobs(args.control),
         "drain": {"slack_s": args.drain_slack, "idle_cap_s": args.idle_cap},
+        **({"capacity": capacity} if capacity else {}),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "provenance": plan_provenance(config, items),
         "points": points,
@@ -382,6 +513,7 @@ def item_summary(
         )
     answered = [r for r in records if r["first_response_s"] is not None]
     out["answered"] = len(answered)
+    out["refused"] = sum(1 for r in records if r.get("refused"))  # never admitted: misses
     out["attainment_answered"] = (
         sum(1 for r in answered if r["slo_met"]) / len(answered) if answered else None
     )
@@ -561,6 +693,9 @@ class Campaign:
             # A start that outlasts the budget fails the item, naming the stages not ready,
             # instead of holding the device past the call.
             startup_timeout_s=max(30.0, self.left()),
+            # The 2026 baselines' settings the plan recorded (`baseline_settings`).
+            window=item.get("window"),
+            static_share=item.get("static_share"),
         )
 
     def start(self, item: dict[str, Any], reason: str) -> None:
@@ -641,6 +776,10 @@ class Campaign:
 
     # -- one item -------------------------------------------------------------------------------
     def run_item(self, item: dict[str, Any]) -> None:
+        from horizonserve.runtime.engine.reference.pipeline import (
+            QueueFullError,
+            StageUnavailableError,
+        )
         from horizonserve.runtime.engine.reference.protocol import RequestSpec
 
         point = self.plan["points"][item["point"]]
@@ -653,6 +792,7 @@ class Campaign:
         t0_local = datetime.fromtimestamp(time.time() + t0 - time.monotonic())
         handles: list[tuple[dict[str, Any], Any]] = []
         rejected = []
+        refused: list[dict[str, Any]] = []  # records of requests never admitted: misses
         for r in reqs:
             due = t0 + r["at_s"]
             delay = due - time.monotonic()
@@ -670,8 +810,17 @@ class Campaign:
             )
             try:
                 handles.append((r, pipe.submit(spec, arrival=due)))
-            except ValueError as exc:
-                rejected.append({"rid": r["rid"], "error": str(exc)})
+            except (ValueError, StageUnavailableError) as exc:
+                # Never answered, so a miss: vLLM's queue limits (shed presets), a stage down,
+                # or a request the engine cannot serve.
+                if isinstance(exc, QueueFullError):
+                    reason = exc.reason
+                elif isinstance(exc, StageUnavailableError):
+                    reason = "unavailable"
+                else:
+                    reason = "rejected"
+                rejected.append({"rid": r["rid"], "error": str(exc), "reason": reason})
+                refused.append(refused_record(self.plan, r, spec.rid, str(exc), reason))
         t_last = time.monotonic()
         # Drain: until every request answered or passed its SLO (then it is a miss anyway).
         cap = t_last + max(self.plan["slo"].values()) + self.plan["drain"]["slack_s"]
@@ -710,6 +859,7 @@ class Campaign:
             rec["slo_met"] = bool(rec["slo_met"])
             rec.pop("arrival", None)
             records.append(rec)
+        records.extend(refused)
         cols = list(_trace_columns())
         steps = []
         for row in pipe.trace_dicts():
@@ -807,6 +957,23 @@ class Campaign:
             self.stop()
             self.save_summary()
         return 0
+
+
+def refused_record(
+    plan: dict[str, Any], r: dict[str, Any], rid: str, error: str, reason: str
+) -> dict[str, Any]:
+    """The record of a request the engine refused at submission: never answered, a miss at
+    its deadline like every unanswered request (`item_summary` counts it)."""
+    classes = {c["name"]: c for c in plan["serving_config"]["slo"]["classes"]}
+    cls = classes.get(r["class"], {})
+    return {
+        "id": rid, "class": r["class"], "priority": cls.get("priority"),
+        "path": cls.get("path", "unknown"), "metric": cls.get("metric"),
+        "slo_s": plan["slo"].get(r["class"]), "queueing_s": None, "first_response_s": None,
+        "slo_met": False, "handoff_s": None, "done_s": None, "shared_tpot_s": None,
+        "shared_tokens": None, "error": error, "refused": reason, "underruns": 0,
+        "arrival_offset_s": r["at_s"], "answered_by_cut": False,
+    }  # fmt: skip
 
 
 def _f(x: float | None) -> str:
@@ -920,6 +1087,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload = load_workload(pipeline)
     systems = args.systems.split(",") if args.systems else None
     wanted = {(i["point"], i["system"]) for i in plan["items"]}
+    # The 2026 baselines' settings each item records, as the simulator's hooks take them.
+    settings = {(i["point"], i["system"]): sim_baseline(i) for i in plan["items"]}
     out: dict[str, Any] = {
         "label": "SIMULATED",
         "artifact": {"path": art_path,
@@ -950,7 +1119,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         f"{pid}: regenerated trace has {len(trace)} requests, "
                         f"the plan {len(p['requests'])}: workload changed"
                     )
-                r = simulate(setup, trace, system, seed=seed)
+                r = simulate(setup, trace, system, seed=seed, baseline=settings[pid, system])
                 runs.append(summarize(r))
             first = runs[0]
             res[system] = {
@@ -967,6 +1136,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def sim_baseline(item: dict[str, Any]) -> dict[str, Any] | None:
+    """An item's recorded 2026-baseline settings as `sim.baselines.BaselineHooks` keywords."""
+    out = {k: item[f] for k, f in (("share", "static_share"), ("window", "window")) if f in item}
+    return out or None
 
 
 def cmd_carry(args: argparse.Namespace) -> int:
@@ -1048,6 +1223,34 @@ def main(argv: list[str] | None = None) -> int:
         help="override a calibrated control decision in the plan's serving config (an "
         "experiment on it, e.g. reservation_pays=false or sm_split=ladder); the plan records it",
     )
+    p.add_argument(
+        "--new-baselines",
+        action="store_true",
+        help="the 2026 baselines (shed, shed-edf, vllm-omni-current, mps-static) join the main "
+        "systems wherever they run",
+    )
+    p.add_argument(
+        "--capacity",
+        action="append",
+        metavar="SIM_PLAN.json",
+        help="a capacity campaign instead of the rate sweep: each system's simulated capacity "
+        "at 90 %% from `horizonserve sim plan --json` (repeatable; a later file's system wins) "
+        "bracketed on the grid, the --stress-long point at --long-rate, a past-capacity point",
+    )
+    p.add_argument("--systems", help="capacity campaign: comma-separated systems (default: "
+                   "HorizonServe, the paper's baselines and the 2026 ones)")  # fmt: skip
+    p.add_argument("--grid", type=float, default=0.5, help="capacity campaign: rate grid, req/s")
+    p.add_argument(
+        "--past-rate",
+        type=float,
+        help="capacity campaign: the past-capacity rate (default: 1.2 x the highest simulated "
+        "capacity, rounded up to the grid)",
+    )
+    p.add_argument("--window", type=int, help="vllm-omni-current: the talker's window K "
+                   "(default: its places, where the simulator's K lands on the shipped "
+                   "calibration)")  # fmt: skip
+    p.add_argument("--static-share", type=int, help="mps-static: the shared stage's SMs "
+                   "(default: runtime.baselines.static_share for the pipeline)")  # fmt: skip
     r = sub.add_parser("run", help="run pending items on the engine (the GPU)")
     r.add_argument("--plan", required=True)
     r.add_argument("--out", required=True)

@@ -443,6 +443,17 @@ class Pipeline:
         self._profiler = RequestProfiler(config.slo, config.control.u_guard)
         preset = get_preset(opts.preset, opts.profile, config.pipeline, **opts.limits)
         self._kv_slots = preset.thinker_limits.max_batch
+        # mps-static's fixed SMs per stage process (checked before anything is created).
+        self._total_sms = sms or config.ladder.total
+        stages = ("shared", *self.downstream)
+        try:
+            self.static_shares = static_shares(
+                policy, config.pipeline, self._total_sms, stages, opts.static_share
+            )
+        except ValueError:
+            if self._mps is not None:  # nothing else was started yet
+                self._stop_mps()
+            raise
         self._gate = front_gate(policy, config, self._kv_slots, opts.queue_limits)
         self._samples_per_second = float(
             preset.code2wav.samples_per_code * preset.codes_per_audio_second
@@ -455,11 +466,6 @@ class Pipeline:
         # record of its own, so the activity the control reads stays what it was.
         self._queue_record = ControlRecord.create(
             shm_path(f"{name}-queues"), n_slots=len(DOWNSTREAM_STAGES)
-        )
-        self._total_sms = sms or config.ladder.total
-        stages = ("shared", *self.downstream)
-        self.static_shares = static_shares(
-            policy, config.pipeline, self._total_sms, stages, opts.static_share
         )
         # Ladders are pre-allocated when the sharing mode caps; a policy that does not throttle
         # (set_policy within the same mode, e.g. calibration's solo runs) never activates them.
