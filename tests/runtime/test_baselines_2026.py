@@ -18,8 +18,10 @@ from horizonserve.runtime.audio_window import (
     EdfQueue,
     dtps_budget,
     dtps_order,
+    window_room,
+    window_size,
 )
-from horizonserve.runtime.baselines import rules_for, static_share
+from horizonserve.runtime.baselines import check_engine, rules_for, static_share
 from horizonserve.runtime.bench.metrics import summarize
 from horizonserve.runtime.config import (
     ControlParams,
@@ -259,3 +261,22 @@ def test_mps_static_keeps_its_split_on_every_iteration() -> None:
     assert res.steps["rows"]
     assert all(r[shared] == 64 and r[down] == total - 64 for r in res.steps["rows"])
     assert sim.hooks.idle_down_sms(total) == total - 64
+
+
+# -- engines ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NEW)
+def test_the_simulator_and_the_reference_engine_run_each_new_baseline_the_plugin_refuses(
+    name: str,
+) -> None:
+    check_engine(name, "sim")
+    check_engine(name, "reference")
+    with pytest.raises(ValueError, match=f"policy '{name}': the vllm-omni engine does not"):
+        check_engine(name, "vllm-omni")
+    check_engine("horizon", "vllm-omni")  # the presets the plugin applies are not refused
+
+
+def test_the_window_is_min_of_k_and_the_places_and_admits_only_into_room() -> None:
+    assert window_size(None, 16) == 16 and window_size(4, 16) == 4 and window_size(40, 16) == 16
+    with pytest.raises(ValueError, match="admits no stream"):
+        window_size(0, 16)
+    assert [window_room(4, active) for active in (0, 3, 4, 6)] == [4, 1, 0, 0]
