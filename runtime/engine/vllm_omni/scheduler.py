@@ -500,6 +500,10 @@ class SharedStageController:
         vis_s = list(view.iter_visible(s, _SIG)) if s else []
         if self.slack_view:
             vis_w = self._slack_walk(view, w)
+            if margin is not None and len(vis_w) > free + margin:
+                # The base scheduler takes at most `free` of them, in this order: the head of
+                # the order is what it can reach (as the queue-order window below).
+                del vis_w[free + margin :]
         elif margin is None or view.edf:
             vis_w = list(view.iter_visible(w, _SIG))
         else:
