@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     del require_vllm
     model_dir = write_tiny_model_dir(tempfile.mkdtemp(prefix="hs-bench-model-"))
+    print(f"# {_provenance()}")
     print(
         f"{'scenario':<8} {'waiting':>7} {'base call':>10} {'HS call':>9} {'plugin p50':>10} "
         f"{'plugin p95':>10} {'admit/req':>9} {'admitted/step':>13} {'views':>6} "
@@ -269,7 +270,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{hs['admitted']:>13.2f} {hs['swaps']:>6} {hs.get('preemptions', '-'):>7}",
                 flush=True,
             )
+    print(f"# {_provenance()}")
     return 0
+
+
+def _provenance() -> str:
+    """The commit measured and the machine's load (the numbers are only as quiet as it)."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"commit {commit}, {os.cpu_count()} CPUs, load average {load} (1/5/15 min)"
 
 
 if __name__ == "__main__":
