@@ -242,10 +242,10 @@ def read_capacities(paths: list[str], pipeline: str) -> dict[str, float]:
     caps: dict[str, float] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
-        try:
-            entry = data["pipelines"][pipeline]
-        except KeyError:
-            raise SystemExit(f"--capacity {path}: no {pipeline} entry") from None
+        # `--pipeline all` writes {"pipelines": {name: entry}}, one pipeline its entry alone.
+        entry = data.get("pipelines", {}).get(pipeline) if "pipelines" in data else data
+        if not entry or entry.get("pipeline", pipeline) != pipeline:
+            raise SystemExit(f"--capacity {path}: no {pipeline} entry")
         if entry.get("target") != CAPACITY_TARGET:
             raise SystemExit(f"--capacity {path}: target {entry.get('target')}, not 0.9")
         for row in entry["systems"]:

@@ -65,7 +65,9 @@ def test_capacity_campaign_brackets_each_system_then_the_long_and_past_points(
 ) -> None:
     caps = {"horizon": 9.0, "mps": 4.0, "shed": 4.0, "mps-static": 4.8, "vllm-omni-current": 4.0}
     first = _sim_plan(tmp_path / "a.json", {**caps, "mps-static": 3.0})
-    second = _sim_plan(tmp_path / "b.json", {"mps-static": 4.8})  # a rerun of one system wins
+    second = tmp_path / "b.json"  # a rerun of one system wins; one pipeline's entry alone
+    rows = [{"system": "mps-static", "rate_ok": 4.8, "rate_fail": 4.9}]
+    second.write_text(json.dumps({"pipeline": "qwen2_5_omni", "target": 0.9, "systems": rows}))
     plan = _plan(tmp_path, "--capacity", str(first), "--capacity", str(second), "--systems",
                  ",".join(caps), "--long-rate", "6", "--stress-long", "0.6")  # fmt: skip
     assert plan["capacity"]["simulated_capacity"]["mps-static"] == 4.8

@@ -8,6 +8,10 @@ not scored). Run from the repository root:
     python bench/results/sim/baselines-2026/points.py window --seeds 3 > window-sweep.txt
     python bench/results/sim/baselines-2026/points.py points --seeds 3 --json points.json \\
         > points.txt
+    python bench/results/sim/baselines-2026/points.py predictions > h200-plan.txt
+
+`predictions` reads the H200 campaign's plans (h200-plan-*.json.gz) and the simulator's
+predictions for their items (h200-sim-*.json, `bench/eval/campaign.py simulate`).
 """
 
 from __future__ import annotations
@@ -229,9 +233,56 @@ def points(args: argparse.Namespace) -> None:
                   f"{nb[1]} {100 * nb[0]:.1f} | {100 * (h - b[0]):+.1f} pp |")  # fmt: skip
 
 
+def predictions(args: argparse.Namespace) -> None:
+    """The H200 campaign's items with the simulator's prediction for each, by tier; a bracket
+    item says whether the prediction falls on its side of 90 % (low: at or above, high: below)."""
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "bench" / "eval"))
+    from campaign import bracket
+
+    here = Path(__file__).resolve().parent
+    print(
+        "SIMULATED: the H200 capacity campaign's items and the simulator's prediction for "
+        "each (mean of the seeds, their range in brackets), shipped h200-fitted.json"
+    )
+    for p in args.pipelines:
+        with gzip.open(here / f"h200-plan-{p}.json.gz") as f:
+            plan = json.loads(f.read())
+        sim = json.loads((here / f"h200-sim-{p}.json").read_text())
+        cap = plan["capacity"]
+        span = plan["points"][plan["items"][0]["point"]]["duration_s"]
+        print(
+            f"\n## {p}: {len(plan['items'])} items, {len(plan['points'])} points of {span:g} s, "
+            f"SLO table {plan['artifact']['path']}, past-capacity point {cap['past_rate']:g} "
+            "req/s\n"
+        )
+        print("| tier | point | system | role | simulated capacity | predicted attainment |")
+        print("|---|---|---|---|---|---|")
+        for it in sorted(plan["items"], key=lambda i: (i["tier"], i["system"], i["point"])):
+            pt, s = plan["points"][it["point"]], it["system"]
+            c = cap["simulated_capacity"][s]
+            low, high = bracket(c, cap["grid"])
+            seeds = sim["points"][it["point"]][s]["attainment_seeds"]
+            mean = sum(seeds) / len(seeds)
+            if pt["long_ratio"] is not None:
+                role = f"{100 * pt['long_ratio']:.0f} % long"
+            elif pt["rate"] == low:
+                role = "bracket low" + ("" if mean >= 0.9 else " (predicted below 90 %)")
+            elif pt["rate"] == high:
+                role = "bracket high" + ("" if mean < 0.9 else " (predicted above 90 %)")
+            else:
+                role = "past capacity"
+            extra = f", share {it['static_share']} SMs" if "static_share" in it else ""
+            print(
+                f"| {it['tier']} | {it['point']} | {s}{extra} | {role} | {c:.2f} | "
+                f"{100 * mean:.1f} % ({100 * min(seeds):.1f}-{100 * max(seeds):.1f}) |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("action", choices=("sweep", "capsweep", "window", "points"))
+    ap.add_argument("action", choices=("sweep", "capsweep", "window", "points", "predictions"))
     ap.add_argument("--pipelines", default="qwen2_5_omni,mimo_audio,bagel")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=120.0)
@@ -240,7 +291,13 @@ def main() -> None:
     ap.add_argument("--rate", type=float, help="sweep: this rate for every pipeline")
     args = ap.parse_args()
     args.pipelines = [p for p in args.pipelines.split(",") if p]
-    actions = {"sweep": sweep, "capsweep": capsweep, "window": window, "points": points}
+    actions = {
+        "sweep": sweep,
+        "capsweep": capsweep,
+        "window": window,
+        "points": points,
+        "predictions": predictions,
+    }
     actions[args.action](args)
 
 
