@@ -56,10 +56,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Generic, Protocol, TypeVar
 
 from horizonserve.runtime.profiler import MIN_REMAINING_S, RequestSignals
@@ -67,6 +68,8 @@ from horizonserve.runtime.profiler import MIN_REMAINING_S, RequestSignals
 T = TypeVar("T")
 
 PLACE_HORIZON = 32  # meetable requests `place_order` considers (the rest keep deadline order)
+_late_at = itemgetter(0)  # of a `place_order` request
+_deadline_seq = attrgetter("deadline", "seq")  # an entry's place in the queue's order
 SATURATED = -math.inf  # the slack a saturated stage reports (`reported_slack`)
 
 
@@ -110,10 +113,11 @@ def place_order(
         return []
     floor = min(free_at)
     floor = floor if floor > now else now  # no place frees earlier
-    if floor > requests[0][0] and floor > max(r[0] for r in requests):
+    if floor > requests[0][0] and floor > max(requests, key=_late_at)[0]:
         return []  # no request can start in time on any place: every one is deferred
-    first = [t if t > now else now for t in free_at]
-    heapq.heapify(first)
+    first = sorted(free_at)  # sorted: a heap
+    free = bisect_right(first, now)
+    first[:free] = [now] * free  # a free place starts a request now
     replace = heapq.heapreplace
     places = first.copy()  # the places' free times before the request the walk is at
     pos = 0
@@ -135,6 +139,9 @@ def place_order(
             continue
         # Defer the longest of those walked so far, the one that missed included; the walk
         # resumes where the deferred one stood.
+        if not pos:  # nothing walked before it: it is the longest
+            del kept[0]
+            continue
         if floor > late_at:  # it misses on any places: its deferrals in one go (above)
             shorter = [i for i in kept[:pos] if requests[i][1] < occupancy]
             resume = pos
@@ -351,16 +358,30 @@ class SlackQueue(_Handout[T]):
                 deferred = [e for i, e in enumerate(head) if i not in chosen]
                 meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred
         out = [(e.item, False) for e in meet[:n]]
-        if len(out) < n:
-            known = (t[2] for t in self._late)
-            late = heapq.merge(known, stale, key=lambda e: (e.deadline, e.seq))
-            out += [(e.item, True) for e in itertools.islice(late, n - len(out))]
-        # Late stays late (`late_at` is fixed, the clock only moves on): once the walk crossed
-        # more than 16 late entries, or half the queue, move them all (O(n), so at most twice
-        # the walk just paid), so later listings do not cross them again.
-        if len(stale) > 16 or 2 * len(stale) > self._live:
+        if len(out) < n:  # the late ones follow: the known late list's and the walk's, merged
+            m = n - len(out)
+            late = [t[2] for t in self._late[:m]]
+            if stale:  # both in (deadline, seq) order: their first m hold the merge's first m
+                late = sorted(late + stale[:m], key=_deadline_seq)[:m]
+            out += [(e.item, True) for e in late]
+        # Late stays late (`late_at` is fixed, the clock only moves on): the late entries the
+        # walk crossed move to the late list, so later listings do not cross them again; past
+        # 16 of them, every late entry at once (O(n)).
+        if len(stale) > 16:
             self._rebuild(now)
+        elif stale:
+            self._move_late(stale)
         return out
+
+    def _move_late(self, entries: list[_Entry[T]]) -> None:
+        """Move these entries, found late in `_meet`, to `_late` (O(log n) each)."""
+        meet, late = self._meet, self._late
+        for e in entries:
+            key = (e.deadline, e.seq)
+            t = meet.pop(bisect_left(meet, key))
+            assert t[2] is e, "a queued entry is in its list"
+            e.in_late = True
+            insort(late, t)
 
     def _rebuild(self, now: float) -> None:
         """Every entry of `_meet` late by `now` moved to `_late`: O(n), called once many

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter, itemgetter
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from horizonserve.runtime.config import ControlParams, LateRule, Rotation, ViewOrder
 from horizonserve.runtime.profiler import RequestSignals
@@ -73,6 +73,8 @@ MERGE_MIN = 64
 _sig_of_entry = itemgetter(2)
 _sig_of_pair = itemgetter(1)
 _deadline_of = attrgetter("deadline", "seq")  # deadline order (C-level key)
+_SHORT = "short"  # `TemporalScheduler._memo`'s key for a short-path phase's head
+_LONG_PHASE = "long-phase"  # … for a long-path phase's counts and limits
 
 
 class _EntryList(Generic[K]):
@@ -94,8 +96,13 @@ class _EntryList(Generic[K]):
         self._sigs.append(sig)
 
     def insert(self, ticket: K, sig: RequestSignals) -> None:
-        i = bisect_left(self._tickets, ticket)
-        self._tickets.insert(i, ticket)
+        tickets = self._tickets
+        if not tickets or tickets[-1] < ticket:  # the newest (a new entry): at the tail
+            tickets.append(ticket)
+            self._sigs.append(sig)
+            return
+        i = bisect_left(tickets, ticket)
+        tickets.insert(i, ticket)
         self._sigs.insert(i, sig)
 
     def discard(self, ticket: K) -> None:
@@ -350,6 +357,7 @@ class TemporalScheduler:
         "_long_late",
         "_long_ordinary",
         "_long_waiting",
+        "_memo",
         "_n",
         "_phase_yield",
         "_rotation",
@@ -396,6 +404,14 @@ class TemporalScheduler:
         self._short_late: _EntryList[int] = _EntryList()
         self._long_waiting = 0  # long-path prefills waiting (protected = this − ordinary)
         self._continuations = 0  # decode continuations waiting
+        # What a view reads from the index, built once per state of the index and reused by
+        # the steps that follow while it stands (a running set that is full takes nothing from
+        # the queue): a long-path phase's members (key: `long_visible`), the deadline-ordered
+        # head of a short-path phase's (key: _SHORT), and a long-path phase's counts and limits
+        # (key: _LONG_PHASE, `_long_phase`). Only materialised lists are kept; no caller
+        # mutates them. Invalidation: every change to the index (`add`, `remove`, a prefill
+        # protected or found late) clears it.
+        self._memo: dict[object, Any] = {}
 
     # -- queue membership -------------------------------------------------------------------
     def add(self, sig: RequestSignals, now: float) -> None:
@@ -403,6 +419,7 @@ class TemporalScheduler:
         if sig.waiting:
             raise ValueError(f"request {sig.request_id!r} is already waiting")
         sig.waiting = True
+        self._memo.clear()
         self._entry[sig] = entry = next(self._tickets)
         if sig.prefilled:
             self._continuations += 1  # always visible, not part of the rotation's counts
@@ -433,6 +450,7 @@ class TemporalScheduler:
         if not sig.waiting:
             return
         sig.waiting = False
+        self._memo.clear()
         entry = self._entry.pop(sig, -1)
         if sig.prefilled:
             self._continuations -= 1
@@ -480,6 +498,7 @@ class TemporalScheduler:
                 self._mark_late(sig, was_protected=False)
                 continue
             sig.protected = True
+            self._memo.clear()
             if sig.long_path:
                 self._drop_long(sig)
             else:
@@ -497,6 +516,7 @@ class TemporalScheduler:
         """Past its deadline: the request competes as an ordinary, late one from now on."""
         if sig.late:
             return
+        self._memo.clear()
         entry = self._entry[sig]
         if was_protected:
             sig.protected = False
@@ -561,8 +581,12 @@ class TemporalScheduler:
                 if not (n_late or dl):
                     index = None
             else:
+                long_phase = self._memo.get(_LONG_PHASE)
+                if long_phase is None:  # the shown ones: a function of the index alone
+                    long_phase = self._long_phase(cont + self._short_protected + long_protected)
+                    self._memo[_LONG_PHASE] = long_phase
                 visible, long_limit, long_visible, late_limit, late_long_visible, n_late = (
-                    self._long_phase(cont + self._short_protected + long_protected)
+                    long_phase
                 )
                 long_hidden = long_n > self._cap
                 short_on_time = dl
@@ -628,8 +652,20 @@ class TemporalScheduler:
             shown_long = min(cap, len(on_time) + len(late))
             if shown_long > MEMBERS_LONG_MAX and 4 * shown_long > len(self._entry):
                 return None
-        if self._dl:
-            return self._long_members_by_deadline(long_visible)
+        members = self._memo.get(long_visible)
+        if members is None:
+            if self._dl:
+                members = self._long_members_by_deadline(long_visible)
+            else:
+                members = self._long_members_by_entry(long_visible)
+            if isinstance(members, list):
+                self._memo[long_visible] = members
+        return members
+
+    def _long_members_by_entry(self, long_visible: bool) -> list[RequestSignals]:
+        """`_long_members` in entry order."""
+        on_time, late = self._long_ordinary, self._long_late
+        cap = self._cap
         if not long_visible or cap == 0 or not (on_time or late):
             return self._shown.sigs[:]
         entry = self._entry
@@ -649,11 +685,14 @@ class TemporalScheduler:
         members.extend(tail)
         return members
 
-    def _long_members_by_deadline(self, long_visible: bool) -> Iterator[RequestSignals]:
+    def _long_members_by_deadline(
+        self, long_visible: bool
+    ) -> list[RequestSignals] | Iterator[RequestSignals]:
         """`_long_members` in deadline order: the shown requests, the on-time short-path
         prefills and the capped on-time long-path prefills by deadline; with late yielding the
         capped late ones follow in entry order. Without it the cap takes the earliest deadlines
-        over both lists (late first), all in one deadline order. Lazy (`_by_deadline`)."""
+        over both lists (late first), all in one deadline order. Lazy where `_by_deadline`
+        is."""
         on_time, late, cap = self._long_ordinary, self._long_late, self._cap
         capped: list[RequestSignals] = []
         tail: list[RequestSignals] = []
@@ -664,13 +703,17 @@ class TemporalScheduler:
             else:
                 capped = list(map(_sig_of_entry, (late[:cap] + on_time[:cap])[:cap]))
         members = self._by_deadline(capped)
-        return itertools.chain(members, tail) if tail else members
+        if not tail:
+            return members
+        return members + tail if isinstance(members, list) else itertools.chain(members, tail)
 
-    def _by_deadline(self, extra: list[RequestSignals] | None = None) -> Iterator[RequestSignals]:
+    def _by_deadline(
+        self, extra: list[RequestSignals] | None = None
+    ) -> list[RequestSignals] | Iterator[RequestSignals]:
         """The shown requests and the on-time short-path prefills in deadline order (copies of
         their `by_deadline`), with the `extra` requests (capped or late ones, sorted here)
-        merged in. The merge is lazy: a caller that stops after k requests pays O(k log) above the
-        copies."""
+        merged in: a new list where one run or a short list (≤ MERGE_MIN) has them all, else a
+        lazy merge (a caller that stops after k requests pays O(k log) above the copies)."""
         shown_dl, on_dl = self._shown.by_deadline, self._short_on.by_deadline
         assert shown_dl is not None and on_dl is not None
         shown, on = shown_dl.sigs[:], on_dl.sigs[:]
@@ -678,11 +721,11 @@ class TemporalScheduler:
             extra = sorted(extra, key=_deadline_of)
         runs = [r for r in (shown, on, extra) if r]
         if len(runs) < 2:
-            return iter(runs[0] if runs else ())
+            return runs[0] if runs else []
         if sum(map(len, runs)) <= MERGE_MIN:  # a short list sorts faster than a merge starts
             members = list(itertools.chain.from_iterable(runs))
             members.sort(key=_deadline_of)
-            return iter(members)
+            return members
         return heapq.merge(*runs, key=_deadline_of)
 
     def _short_members(self) -> Iterator[RequestSignals]:
@@ -694,11 +737,14 @@ class TemporalScheduler:
         (`view_order` 'deadline') the shown and on-time ones merge by deadline (`_by_deadline`);
         without late yielding the late ones join that merge."""
         if self._dl:
+            head = self._memo.get(_SHORT)
+            if head is None:
+                head = self._by_deadline(None if self._late_last else self._short_late.sigs)
+                if isinstance(head, list):
+                    self._memo[_SHORT] = head
+            yield from head
             if self._late_last:
-                yield from self._by_deadline()
-                yield from self._short_late.snapshot()[1]
-            else:
-                yield from self._by_deadline(self._short_late.sigs)
+                yield from self._short_late.sigs[:]
             return
         on_tickets, on = self._short_on.snapshot()
         if not self._shown:
