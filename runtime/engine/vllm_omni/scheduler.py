@@ -544,10 +544,11 @@ class SharedStageController:
         """Preempt running long-path decodes for the protected short-path prefills waiting on a
         full running set (module docstring, step 2b); returns the victims (usually none).
 
-        O(1) unless a protected short-path prefill waits; then O(running) per policy call (plus
-        the policy's own check) while places are short, O(short waiting) once to check the KV
-        when they are not. Victims are bounded by the places and blocks the protected prefills
-        need.
+        O(1) while no short-path prefill waits, O(running) while none of the running requests
+        could be a victim; otherwise O(log short waiting + protected + urgent) to find the
+        prefills that need a place (`ShortPrefills.urgent`), then O(running) per policy call
+        (plus the policy's own check). Victims are bounded by the places and blocks the urgent
+        prefills need.
         """
         policy = self.policy
         if not policy.preemption:
@@ -600,7 +601,8 @@ class SharedStageController:
         is taken when `preemption_pays` on the measured per-token prefill time, counting the
         pending requests the recompute would make late — the waiting short-path prefills other
         than `urgent` and the running requests whose first response is pending — instead of
-        every waiting request. O(running + short waiting) per call."""
+        every waiting request. O(running + log short waiting + those in the margin) per
+        call."""
         temporal = self.policy.temporal
         sooner = temporal.short_needs_place(now, next_free_s)
         if sooner is None:
