@@ -28,6 +28,9 @@ only; the baselines keep vLLM's order):
   prefilled), not the profile's constant. It pays when that time, counted once for the
   preemption and once more for every pending request that the delay would push past its
   deadline (0 ≤ its wait margin < the recompute), is less than the wait saved.
+* **Short-prefill index** (`ShortPrefills`): the waiting short-path prefills kept sorted by
+  latest start and by protection instant on entry and exit, so the rules above find the urgent
+  ones, the margins they count and whether one is late without walking every one per step.
 """
 
 from __future__ import annotations
