@@ -74,7 +74,6 @@ _sig_of_entry = itemgetter(2)
 _sig_of_pair = itemgetter(1)
 _deadline_of = attrgetter("deadline", "seq")  # deadline order (C-level key)
 _SHORT = "short"  # `TemporalScheduler._memo`'s key for a short-path phase's head
-_LONG_PHASE = "long-phase"  # … for a long-path phase's counts and limits
 
 
 class _EntryList(Generic[K]):
@@ -162,8 +161,8 @@ class Phase(StrEnum):
 class StepView:
     """The decision of one step: a predicate over waiting requests.
 
-    Built once per step by `TemporalScheduler.plan` (positionally: a keyword call costs twice
-    as much on this path); every other caller names the fields."""
+    Built once per step by `TemporalScheduler.plan`, positionally (`_view_fields` lists the
+    fields after `step` in this order); every other caller names them."""
 
     step: int
     phase: Phase  # effective phase after work conservation
@@ -357,6 +356,7 @@ class TemporalScheduler:
         "_long_late",
         "_long_ordinary",
         "_long_waiting",
+        "_m",
         "_memo",
         "_n",
         "_phase_yield",
@@ -378,6 +378,7 @@ class TemporalScheduler:
         self._by_priority = control.view_order is ViewOrder.PRIORITY
         self._cap = control.long_path_cap
         self._n = control.rotation_n_min
+        self._m = control.rotation_m  # long-path phases per cycle
         self._cycle_pos = 0
         self._step = 0
         self._keep_late = control.late is LateRule.PROTECT
@@ -406,11 +407,12 @@ class TemporalScheduler:
         self._continuations = 0  # decode continuations waiting
         # What a view reads from the index, built once per state of the index and reused by
         # the steps that follow while it stands (a running set that is full takes nothing from
-        # the queue): a long-path phase's members (key: `long_visible`), the deadline-ordered
-        # head of a short-path phase's (key: _SHORT), and a long-path phase's counts and limits
-        # (key: _LONG_PHASE, `_long_phase`). Only materialised lists are kept; no caller
-        # mutates them. Invalidation: every change to the index (`add`, `remove`, a prefill
-        # protected or found late) clears it.
+        # the queue): a view's fields but its step (key: the rotation's (short-path phase?,
+        # N), None without rotation; `_view_fields`), a long-path phase's members (key:
+        # `long_visible`) and the deadline-ordered head of a short-path phase's (key:
+        # _SHORT). Only materialised lists are kept; no caller mutates them. Invalidation:
+        # every change to the index (`add`, `remove`, a prefill protected or found late)
+        # clears it.
         self._memo: dict[object, Any] = {}
 
     # -- queue membership -------------------------------------------------------------------
@@ -538,6 +540,23 @@ class TemporalScheduler:
         self._refresh_protected(now)
         step = self._step
         self._step = step + 1
+        if not self._rotation:
+            key: tuple[bool, int] | None = None  # every waiting request, every step
+        else:
+            if self._cycle_pos == 0:
+                self._n = rotation_n(self._control, self._short_protected, self._short_waiting)
+            n = self._n
+            key = (self._cycle_pos < n, n)  # the rotation's phase (short-path?) and its N
+            self._cycle_pos = (self._cycle_pos + 1) % (n + self._m)
+        fields = self._memo.get(key)
+        if fields is None:  # the rest of the view is a function of the index and the key
+            fields = self._memo[key] = self._view_fields(key)
+        return StepView(step, *fields)
+
+    def _view_fields(self, rotation: tuple[bool, int] | None) -> tuple[Any, ...]:
+        """A view's fields after `step`, in their order (phase, n, long_limit, long_visible,
+        visible, edf, by_priority, index, late_limit, late_long_visible, late, long_hidden,
+        short_on_time), for the rotation's (short-path phase?, N), or None without rotation."""
         on_time, late = self._long_ordinary, self._long_late
         long_n = len(on_time) + len(late)
         cont = self._continuations
@@ -550,28 +569,24 @@ class TemporalScheduler:
         late_limit: tuple[float, int] | None = None
         long_visible = late_long_visible = long_hidden = short_on_time = False
         n_late = 0
-        if not self._rotation:  # every waiting request, every step
+        if rotation is None:  # every waiting request, every step
             visible = cont + self._short_waiting + self._long_waiting
             n_late = len(self._short_late) + len(late) if late_last else 0
             long_visible = late_long_visible = True
             index = None
         else:
-            control = self._control
-            if self._cycle_pos == 0:
-                self._n = rotation_n(control, self._short_protected, self._short_waiting)
-            n = self._n
-            phase = Phase.SHORT if self._cycle_pos < n else Phase.LONG
-            self._cycle_pos = (self._cycle_pos + 1) % (n + control.rotation_m)
+            short, n = rotation
             short_ordinary = self._short_waiting - self._short_protected
             if self._phase_yield and on_time:
                 # Late short-path prefills have missed their SLO: they do not hold a short-path
                 # phase against on-time long-path ones (they run once none of those waits).
                 short_ordinary -= len(self._short_late)
-            if phase is Phase.SHORT and short_ordinary == 0 and long_n:
-                phase = Phase.LONG
-            elif phase is Phase.LONG and long_n == 0:
+            if short and short_ordinary == 0 and long_n:
+                short = False
+            elif not short and long_n == 0:
+                short = True
+            if short:
                 phase = Phase.SHORT
-            if phase is Phase.SHORT:
                 visible = cont + self._short_waiting + long_protected
                 n_late = len(self._short_late) if late_last else 0
                 long_hidden = long_n > 0
@@ -581,19 +596,13 @@ class TemporalScheduler:
                 if not (n_late or dl):
                     index = None
             else:
-                long_phase = self._memo.get(_LONG_PHASE)
-                if long_phase is None:  # the shown ones: a function of the index alone
-                    long_phase = self._long_phase(cont + self._short_protected + long_protected)
-                    self._memo[_LONG_PHASE] = long_phase
+                phase = Phase.LONG
                 visible, long_limit, long_visible, late_limit, late_long_visible, n_late = (
-                    long_phase
+                    self._long_phase(cont + self._short_protected + long_protected)
                 )
                 long_hidden = long_n > self._cap
                 short_on_time = dl
-        # Field order: step, phase, n, long_limit, long_visible, visible, edf, by_priority,
-        # index, late_limit, late_long_visible, late, long_hidden, short_on_time.
-        return StepView(
-            step,
+        return (
             phase,
             n,
             long_limit,
