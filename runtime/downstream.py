@@ -113,23 +113,27 @@ def place_order(
         return []
     floor = min(free_at)
     floor = floor if floor > now else now  # no place frees earlier
-    if floor > requests[0][0] and floor > max(requests, key=_late_at)[0]:
-        return []  # no request can start in time on any place: every one is deferred
+    lead = 0  # the leading requests that miss on any places go, each alone (none before it)
+    if floor > requests[0][0]:
+        if floor > max(requests, key=_late_at)[0]:
+            return []  # no request can start in time on any place: every one is deferred
+        while floor > requests[lead][0]:
+            lead += 1
     first = sorted(free_at)  # sorted: a heap
     free = bisect_right(first, now)
     first[:free] = [now] * free  # a free place starts a request now
     replace = heapq.heapreplace
     places = first.copy()  # the places' free times before the request the walk is at
     pos = 0
-    for late_at, occupancy in requests:  # one walk: where every request starts in time
+    for late_at, occupancy in itertools.islice(requests, lead, None):  # where all start in time
         start = places[0]
         if start > late_at:
             break
         replace(places, start + occupancy)
         pos += 1
     else:
-        return list(range(len(requests)))
-    kept = list(range(len(requests)))  # the walk goes on at kept[pos], the one that missed
+        return list(range(lead, len(requests)))
+    kept = list(range(lead, len(requests)))  # the walk goes on at kept[pos], the one that missed
     while pos < len(kept):
         late_at, occupancy = requests[kept[pos]]
         start = places[0]
@@ -351,9 +355,10 @@ class SlackQueue(_Handout[T]):
         ):
             head = meet[:PLACE_HORIZON]
             kept = place_order(now, free_at, [(e.late_at, e.work * s_per_work) for e in head])
-            if not kept:  # every one deferred: behind the other meetable ones, in order
-                meet = meet[PLACE_HORIZON:] + head
-            elif len(kept) < len(head):  # else every one starts in time: deadline order stands
+            n_deferred = len(head) - len(kept)  # 0: every one starts in time, deadline order
+            if n_deferred and (not kept or kept[0] == n_deferred):  # the first ones deferred
+                meet = head[n_deferred:] + meet[PLACE_HORIZON:] + head[:n_deferred]
+            elif n_deferred:
                 chosen = set(kept)
                 deferred = [e for i, e in enumerate(head) if i not in chosen]
                 meet = [head[i] for i in kept] + meet[PLACE_HORIZON:] + deferred

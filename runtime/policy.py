@@ -50,11 +50,14 @@ from horizonserve.runtime.temporal import StepView, TemporalScheduler
 T = TypeVar("T")
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class StepDecision:
     """One step's decision: the view, the SM split, and (asked once the engine knows its
     running set and its batch) the preemption victim and the prefill's SMs. Every engine
-    consumes it in that order: `victim`, then the view, then `prefill_sms`."""
+    consumes it in that order: `victim`, then the view, then `prefill_sms`.
+
+    Built once per step by `SchedulingPolicy.step`, positionally (a keyword call costs twice
+    as much); every other caller names the fields."""
 
     view: StepView
     sm: SmDecision
@@ -198,16 +201,8 @@ class SchedulingPolicy:
         else:
             downstream_slack = None  # not read without the slack split
         sm = self.spatial.select(downstream_active, backlog, shared_slack, downstream_slack)
-        return StepDecision(
-            view=view,
-            sm=sm,
-            pressure=pressure,
-            shared_slack=shared_slack,
-            downstream_slack=downstream_slack,
-            now=now,
-            backlog=backlog,
-            policy=self,
-        )
+        # Field order: view, sm, pressure, shared_slack, downstream_slack, now, backlog, policy.
+        return StepDecision(view, sm, pressure, shared_slack, downstream_slack, now, backlog, self)
 
     def _shared_holds(self, now: float) -> bool:
         """The shared stage is the bottleneck: prompts wait for their prefill, or its running
