@@ -51,6 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mps", action="store_true", help="share the GPU through MPS")
     parser.add_argument(
+        "--window",
+        type=bounded(1, 1 << 16, integer=True),
+        help="vllm-omni-current: the talker's active-stream window K (default: its places)",
+    )
+    parser.add_argument(
+        "--static-share",
+        type=bounded(1, 1 << 16, integer=True),
+        help="mps-static: the shared stage's SMs, the downstream stages the rest (default: "
+        "runtime.baselines.static_share for the pipeline)",
+    )
+    parser.add_argument(
         "--config", type=Path, help="ServingConfig JSON (classes, SLOs, ladder, control)"
     )
     parser.add_argument(
@@ -165,6 +176,8 @@ def options_from_args(args: argparse.Namespace) -> PipelineOptions:
         config=config,
         downstream=downstream,
         mps=args.mps,
+        window=args.window,
+        static_share=args.static_share,
         seed=int(args.seed),
         threads=int(args.threads),
         warmup=not args.no_warmup,
