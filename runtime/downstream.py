@@ -119,6 +119,8 @@ def place_order(
             return []  # no request can start in time on any place: every one is deferred
         while floor > requests[lead][0]:
             lead += 1
+    if lead == len(requests) - 1:
+        return [lead]  # the one left starts on the first place to free, in time
     first = sorted(free_at)  # sorted: a heap
     free = bisect_right(first, now)
     first[:free] = [now] * free  # a free place starts a request now
