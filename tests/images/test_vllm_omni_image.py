@@ -24,7 +24,17 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, container, free_port, http, logs, require_image, running, up
+from .conftest import (
+    PODMAN_RUN,
+    ROOT,
+    container,
+    free_port,
+    http,
+    logs,
+    require_image,
+    running,
+    up,
+)
 
 pytestmark = [pytest.mark.images, pytest.mark.slow]
 
@@ -65,13 +75,17 @@ def test_cpu_image_is_the_serving_recipe_on_the_cpu_base() -> None:
     assert recipe and {k: env.get(k) for k in recipe} == recipe
     assert image["Config"]["User"] == "65532:65532"
     assert image["Config"]["Labels"]["org.opencontainers.image.title"] == "horizonserve-serving"
-    probe = "import importlib.metadata as m; print(m.version('horizonserve'))"
-    in_base = subprocess.run(["podman", "run", "--rm", "--network", "none", CPU_BASE,
-                              "python3", "-I", "-c", probe],
+    probe = [
+        "python3",
+        "-I",
+        "-c",
+        "import importlib.metadata as m; print(m.version('horizonserve'))",
+    ]
+    run = [a for a in PODMAN_RUN if a != "--detach"]  # this host's podman flags, in the foreground
+    in_base = subprocess.run([*run, CPU_BASE, *probe],
                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert in_base.returncode != 0 and "PackageNotFoundError" in in_base.stderr, in_base
-    in_image = subprocess.run(["podman", "run", "--rm", "--network", "none", IMAGE,
-                               "python3", "-I", "-c", probe],
+    assert in_base.returncode == 1 and "PackageNotFoundError" in in_base.stderr, in_base
+    in_image = subprocess.run([*run, IMAGE, *probe],
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert in_image.stdout.strip() == VERSION, in_image.stderr[-2000:]
 
