@@ -217,7 +217,7 @@ def _scan_margins(items: list[Any], sig_of: Any, now: float, below: float, exclu
 
 
 def _assert_index_equals_scan(index: Any, items: list[Any], sig_of: Any, now: float) -> None:
-    """`index` (ShortPrefills) against a walk over `items` (the prefills in entry order)."""
+    """`index` (PrefillIndex) against a walk over `items` (the prefills in entry order)."""
     assert list(index) == items and len(index) == len(items)
     for wait_s in (0.0, 0.004, 0.03, 0.09, 0.5, 5.0, math.inf):
         want = _scan_urgent(items, sig_of, now, wait_s)
@@ -237,13 +237,13 @@ def test_short_prefill_index_equals_a_full_scan_under_the_control_core(hs_env, l
     clock and latch protection and lateness: the index answers as a walk over every one."""
     import random
 
-    from horizonserve.runtime.engine.vllm_omni.slack_order import ShortPrefills
+    from horizonserve.runtime.engine.vllm_omni.slack_order import PrefillIndex
     from horizonserve.runtime.policy import make_policy
 
     config = hs_env("horizon", late=late)
     policy = make_policy(config.policy, config)
     rng = random.Random(seed)
-    index: ShortPrefills[str] = ShortPrefills()
+    index: PrefillIndex[str] = PrefillIndex()
     sigs: dict[str, Any] = {}  # waiting requests, in entry order (the controller's `waiting`)
     now = 1_000.0
 
@@ -339,3 +339,63 @@ def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, k
         seen["preempted"] += len(out.preempted_req_ids)
         clock.advance(rng.choice([0.002, 0.01, 0.03]))
     assert all(seen.values()), seen  # the load reached every state the index answers for
+
+
+@pytest.mark.parametrize(("kind", "seed"), [("omni_ar", 6), ("omni_ar_async", 7)])
+def test_slack_head_from_the_indexes_equals_the_order_of_the_whole_queue(
+    build, clock, monkeypatch, kind, seed
+):
+    """Every head of the slack order the indexes give (`_slack_head`) equals the head of
+    `view_order` over the whole queue, under random load with speech bursts (fresh, with
+    slack, protected, late), text (fresh, late), aborts and preemptions, in short- and
+    long-path phases; a window margin of 1 makes the head shorter than the visible set."""
+    import collections
+    import random
+
+    from vllm.v1.request import RequestStatus
+
+    from horizonserve.runtime.engine.vllm_omni.slack_order import view_order
+
+    monkeypatch.setenv("HORIZONSERVE_VLLM_WINDOW_MARGIN", "1")
+    sched, config = build(kind, max_num_seqs=4, num_blocks=60, max_num_batched_tokens=96)
+    hs = sched.horizon
+    head_of = hs._slack_head
+    answered: collections.Counter[str] = collections.Counter()
+
+    def checked(view: Any, w: Any, s: Any, k: int, now: float) -> list | None:
+        head = head_of(view, w, s, k, now)
+        if head is not None:
+            full = view_order(view.is_visible, list(w), lambda r: r._hs_sig, now)
+            assert [r.request_id for r in head[:k]] == [r.request_id for r in full[:k]]
+            answered[view.phase.name] += 1
+            answered["cut"] += len(full) > k
+            answered["protected speech"] += any(
+                r._hs_sig.long_path and r._hs_sig.protected for r in head
+            )
+        return head
+
+    hs._slack_head = checked
+    rng = random.Random(seed)
+    n = 0
+    for _ in range(300):
+        arrivals = []
+        if rng.random() < 0.15:
+            for _ in range(rng.randint(1, 4)):
+                age = rng.choice([0.0, 3.0, PROTECTED_SPEECH_AGE, 9.5])
+                arrivals.append((SPEECH, age, rng.randint(3, 30)))
+        for _ in range(rng.choice([0] * 4 + [1, 1, 2])):
+            arrivals.append((TEXT, rng.choice([0.0, 0.0, 0.05, LATE_TEXT_AGE]), rng.randint(1, 4)))
+        for prio, age, max_tokens in arrivals:
+            add(sched, config, clock, [(f"R{n}", prio, age)], n=rng.randint(4, 60),
+                max_tokens=max_tokens)  # fmt: skip
+            n += 1
+        if rng.random() < 0.05:
+            queued = [r for r in list(sched.waiting) + sched.running if not r.is_finished()]
+            if queued:
+                rid = rng.choice(queued).request_id
+                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        run_step(sched)
+        assert_index_in_sync(sched)
+        clock.advance(rng.choice([0.002, 0.01, 0.03]))
+    for case in ("SHORT", "LONG", "cut", "protected speech"):
+        assert answered[case] > 0, answered

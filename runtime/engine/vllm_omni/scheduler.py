@@ -66,7 +66,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from itertools import chain, islice
+from itertools import chain, filterfalse, islice
 from operator import attrgetter
 from typing import Any
 
@@ -82,8 +82,8 @@ from horizonserve.runtime.engine.vllm_omni import shared
 from horizonserve.runtime.engine.vllm_omni.admission import DownstreamAdmission
 from horizonserve.runtime.engine.vllm_omni.settings import Knobs, resolve_config
 from horizonserve.runtime.engine.vllm_omni.slack_order import (
+    PrefillIndex,
     RecomputeCost,
-    ShortPrefills,
     order_running,
     preemption_pays,
     view_order,
@@ -204,10 +204,13 @@ class SharedStageController:
         self.waiting: dict[str, Any] = {}
         self.n_short_prefill = 0
         self.n_long_prefill = 0
-        # Waiting short-path prefills (the only candidates for a short-path request that may
-        # trigger preemption), indexed by latest start and protection instant: the preemption
-        # rule and the slack view ask it without walking every one (slack_order.ShortPrefills).
-        self._short_prefills: ShortPrefills[Any] = ShortPrefills()
+        # Waiting prefills of each path, indexed by deadline, latest start and protection
+        # instant (slack_order.PrefillIndex), and the waiting continuations (prefilled): the
+        # preemption rule and the slack view ask them without walking every waiting request.
+        # Together they hold exactly `waiting`'s requests.
+        self._short_prefills: PrefillIndex[Any] = PrefillIndex()
+        self._long_prefills: PrefillIndex[Any] = PrefillIndex()
+        self._continuations: dict[str, Any] = {}
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
         # Urgent-prefill boost: only a throttling policy has a cap to rise above.
         self._boost = self.policy.control.boost.prefill and isinstance(
@@ -242,23 +245,29 @@ class SharedStageController:
 
     # -- waiting-index sync (called by the scheduler hooks) ----------------------------------
     def _enter(self, request: Any, sig: RequestSignals) -> None:
-        self.waiting[request.request_id] = request
-        if not sig.prefilled:
-            if sig.long_path:
-                self.n_long_prefill += 1
-            else:
-                self.n_short_prefill += 1
-                self._short_prefills.add(request.request_id, request, sig)
+        rid = request.request_id
+        self.waiting[rid] = request
+        if sig.prefilled:
+            self._continuations[rid] = request
+        elif sig.long_path:
+            self.n_long_prefill += 1
+            self._long_prefills.add(rid, request, sig)
+        else:
+            self.n_short_prefill += 1
+            self._short_prefills.add(rid, request, sig)
 
     def _leave(self, request: Any, sig: RequestSignals) -> None:
-        if self.waiting.pop(request.request_id, None) is None:
+        rid = request.request_id
+        if self.waiting.pop(rid, None) is None:
             return
-        if not sig.prefilled:
-            if sig.long_path:
-                self.n_long_prefill -= 1
-            else:
-                self.n_short_prefill -= 1
-                self._short_prefills.discard(request.request_id)
+        if sig.prefilled:
+            self._continuations.pop(rid, None)
+        elif sig.long_path:
+            self.n_long_prefill -= 1
+            self._long_prefills.discard(rid)
+        else:
+            self.n_short_prefill -= 1
+            self._short_prefills.discard(rid)
         self.policy.dequeue(sig)
 
     def _class_of(self, request: Any) -> tuple[int, str | None, int, bool]:
@@ -499,7 +508,7 @@ class SharedStageController:
         margin = self.knobs.window_margin
         vis_s = list(view.iter_visible(s, _SIG)) if s else []
         if self.slack_view:
-            vis_w = self._slack_walk(view, w)
+            vis_w = self._slack_walk(view, w, s, None if margin is None else free + margin)
             if margin is not None and len(vis_w) > free + margin:
                 # The base scheduler takes at most `free` of them, in this order: the head of
                 # the order is what it can reach (as the queue-order window below).
@@ -510,15 +519,65 @@ class SharedStageController:
             vis_w = list(islice(view.iter_visible(w, _SIG), free + margin))
         return vis_w, vis_s
 
-    def _slack_walk(self, view: StepView, w: Any) -> list:
-        """`waiting`'s visible requests in the slack order (slack_order.view_order). Only a
-        late short-path prefill, which the view may hide, needs the whole queue walked;
-        otherwise the view's own walk (which stops after its last visible request) gives the
-        set, reordered. O(short waiting) to tell which."""
+    def _slack_walk(self, view: StepView, w: Any, s: Any, window: int | None) -> list:
+        """`waiting`'s visible requests in the slack order (slack_order.view_order); with a
+        `window`, at least its first `window` ones. Only a late short-path prefill, which the
+        view may hide, needs the whole queue walked; otherwise the view's own walk (which stops
+        after its last visible request) gives the set, reordered, or — where every short-path
+        prefill is visible and no ordinary long-path one is — the indexes give the head
+        (`_slack_head`) without walking the queue."""
         now = self._step_ns * 1e-9
         if self._short_prefills.any_late(now):
             return view_order(view.is_visible, w, _SIG, now)
+        if window is not None:
+            head = self._slack_head(view, w, s, window, now)
+            if head is not None:
+                return head
         return view_order(_shown, list(view.iter_visible(w, _SIG)), _SIG, now)
+
+    def _slack_head(self, view: StepView, w: Any, s: Any, k: int, now: float) -> list | None:
+        """The first `k` of the slack order of `waiting`'s visible requests, from the indexes,
+        or None where they cannot tell it (then the queue is walked).
+
+        Applies when no short-path prefill is late (the caller checked) and the queues hold
+        exactly the indexed requests (none parked by an input gate: the lengths agree;
+        `begin_step` adopted any unknown one). The visible set, less what `skipped_waiting`
+        holds, is then: the continuations and the protected prefills (always shown); every
+        short-path prefill where the view shows them (not a long-path phase, or one that shows
+        the on-time ones: none is late); the ordinary long-path prefills the view shows, all of
+        them up to its deadline limits. The short-path ones all go to the order's
+        deadline-sorted front, so only the `k` earliest of them can be among its first `k`:
+        O(k + continuations + protected + long-path prefills up to the limits +
+        skipped_waiting + log n), the same head as `view_order` over the whole visible set.
+        """
+        if len(w) + len(s) != len(self.waiting):
+            return None
+        skipped = set(s) if s else ()
+        shorts = self._short_prefills
+        if view.phase is not Phase.LONG or view.short_on_time:
+            visible = shorts.earliest(k, skipped)
+        else:
+            visible = shorts.protected(now)
+        longs = self._long_prefills
+        limits = []
+        if view.long_visible:
+            limits.append(view.long_limit)
+        if view.late_long_visible:
+            limits.append(view.late_limit)
+        if limits:  # the ordinary ones shown lie up to the larger limit (None: no limit)
+            bound = None if None in limits else max(limits)
+            visible.extend(longs.upto(bound, view.is_visible))
+            if bound is not None:  # protected ones past it
+                for r in longs.protected(now):
+                    sig = r.__dict__[SIG_ATTR]
+                    if (sig.deadline, sig.seq) > bound:
+                        visible.append(r)
+        else:
+            visible.extend(longs.protected(now))
+        visible.extend(self._continuations.values())
+        if skipped:
+            visible = [r for r in visible if r not in skipped]
+        return view_order(_shown, visible, _SIG, now)
 
     def _walk_preempted(
         self, view: StepView, w: Any, s: Any, free: int, victims: list
@@ -546,7 +605,7 @@ class SharedStageController:
 
         O(1) while no short-path prefill waits, O(running) while none of the running requests
         could be a victim; otherwise O(log short waiting + protected + urgent) to find the
-        prefills that need a place (`ShortPrefills.urgent`), then O(running) per policy call
+        prefills that need a place (`PrefillIndex.urgent`), then O(running) per policy call
         (plus the policy's own check). Victims are bounded by the places and blocks the urgent
         prefills need.
         """
@@ -808,13 +867,18 @@ def _fill(queue: Any, requests: list) -> None:
             queue.add_request(request)
 
 
+_RESTORE_WALK = 64  # queue positions restored by popping before one C-level filter pass
+
+
 def _restore_queue(queue: Any, visible: list, now: list, now_set: set) -> None:
     """`queue` held `visible` (among others); after the step the view held `now`.
 
-    FCFS: the queue is popped from the head up to the last request that left (all of them lie
-    in the prefix the view's walk covered), the others of that prefix are pushed back: O(that
-    prefix), identity-hashed set lookups. Never `deque.remove`: vLLM's Request defines `__lt__`,
-    so each element comparison would go through a Python-level rich-compare slot.
+    FCFS: the queue is popped from the head up to the last request that left, the others of
+    that prefix are pushed back: O(that prefix), identity-hashed set lookups. Past
+    `_RESTORE_WALK` requests (a request taken from deep in the queue: the slack order's head
+    need not be the queue's) the rest is filtered in one C-level pass instead. Never
+    `deque.remove`: vLLM's Request defines `__lt__`, so each element comparison would go
+    through a Python-level rich-compare slot.
     """
     shown = set(visible)
     gone = {r for r in visible if r not in now_set}  # taken, or moved to the other queue
@@ -823,12 +887,18 @@ def _restore_queue(queue: Any, visible: list, now: list, now_set: set) -> None:
         left = len(gone)
         kept = []
         pop = queue.popleft
-        while left:
+        budget = _RESTORE_WALK
+        while left and budget:
+            budget -= 1
             request = pop()
             if request in gone:
                 left -= 1
             else:
                 kept.append(request)
+        if left:  # the rest, less what left, in order (C-level filter)
+            rest = list(queue)
+            queue.clear()
+            queue.extend(filterfalse(gone.__contains__, rest))
         if kept:
             queue.extendleft(reversed(kept))
         if added:

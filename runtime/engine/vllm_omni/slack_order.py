@@ -28,9 +28,10 @@ only; the baselines keep vLLM's order):
   prefilled), not the profile's constant. It pays when that time, counted once for the
   preemption and once more for every pending request that the delay would push past its
   deadline (0 ≤ its wait margin < the recompute), is less than the wait saved.
-* **Short-prefill index** (`ShortPrefills`): the waiting short-path prefills kept sorted by
-  latest start and by protection instant on entry and exit, so the rules above find the urgent
-  ones, the margins they count and whether one is late without walking every one per step.
+* **Prefill indexes** (`PrefillIndex`): the waiting prefills of each path kept sorted by
+  deadline, latest start and protection instant on entry and exit, so the rules above find the
+  urgent ones, the margins they count, whether one is late and the head of the slack order
+  without walking every waiting request per step.
 """
 
 from __future__ import annotations
@@ -186,11 +187,12 @@ _WINDOW_EPS_S = 1e-6
 
 
 class _Entry(Generic[T]):
-    __slots__ = ("item", "prot", "rid", "sig", "start", "ticket")
+    __slots__ = ("dl", "item", "prot", "rid", "sig", "start", "ticket")
 
     def __init__(self, rid: str, item: T, sig: RequestSignals, ticket: int) -> None:
         self.rid, self.item, self.sig, self.ticket = rid, item, sig, ticket
         self.start = (sig.deadline - sig.remaining_s(), sig.seq)
+        self.dl = (sig.deadline, sig.seq)
         self.prot: tuple[float, int] | None = None  # key in the protect_at list, if there
 
 
@@ -198,8 +200,8 @@ def _ticket(entry: _Entry[Any]) -> int:
     return entry.ticket
 
 
-class ShortPrefills(Generic[T]):
-    """The shared stage's waiting short-path prefills, indexed so that the per-step questions
+class PrefillIndex(Generic[T]):
+    """The shared stage's waiting prefills of one path, indexed so that the per-step questions
     of the preemption rule and the slack view do not walk every one of them.
 
     Relies on three invariants of the control core: while a prefill waits its r̂ is fixed
@@ -209,6 +211,7 @@ class ShortPrefills(Generic[T]):
     request is never protected (temporal.py).
 
     * entry order: a dict by request id (iteration, `len`, membership);
+    * by deadline: sorted (d, seq): the k earliest in O(k);
     * by latest start: sorted (d − r̂, seq): the ones with 0 ≤ can_wait < w in O(log n + k);
     * by protect_at: sorted (protect_at, seq) of those not yet seen late: every protected one
       lies in the prefix protect_at ≤ now; late ones met there move to `late` for good, so a
@@ -218,11 +221,13 @@ class ShortPrefills(Generic[T]):
     scan of the waiting short-path prefills after any sequence of them.
     """
 
-    __slots__ = ("_bound", "_by_id", "_late", "_prot", "_prot_keys", "_start", "_start_keys",
-                 "_tickets")  # fmt: skip
+    __slots__ = ("_bound", "_by_id", "_dl", "_dl_keys", "_late", "_prot", "_prot_keys", "_start",
+                 "_start_keys", "_tickets")  # fmt: skip
 
     def __init__(self) -> None:
         self._by_id: dict[str, _Entry[T]] = {}
+        self._dl_keys: list[tuple[float, int]] = []
+        self._dl: list[_Entry[T]] = []  # parallel to _dl_keys
         self._start_keys: list[tuple[float, int]] = []
         self._start: list[_Entry[T]] = []  # parallel to _start_keys
         self._prot_keys: list[tuple[float, int]] = []
@@ -252,6 +257,9 @@ class ShortPrefills(Generic[T]):
         i = bisect_left(self._start_keys, e.start)
         self._start_keys.insert(i, e.start)
         self._start.insert(i, e)
+        i = bisect_left(self._dl_keys, e.dl)
+        self._dl_keys.insert(i, e.dl)
+        self._dl.insert(i, e)
         if sig.late:
             self._late[rid] = e
             return
@@ -268,6 +276,7 @@ class ShortPrefills(Generic[T]):
         if e is None:
             return None
         _remove(self._start_keys, self._start, e.start, e)
+        _remove(self._dl_keys, self._dl, e.dl, e)
         if e.prot is not None:
             _remove(self._prot_keys, self._prot, e.prot, e)
         else:
@@ -291,6 +300,36 @@ class ShortPrefills(Generic[T]):
             del keys[i], entries[i]
             e.prot = None
             self._late[e.rid] = e
+        return out
+
+    def protected(self, now: float) -> list[T]:
+        """The protected ones, in protection-instant order. O(protected + not yet latched)."""
+        return [e.item for e in self._protected(now)]
+
+    def earliest(self, k: int, exclude: Any = ()) -> list[T]:
+        """The `k` with the earliest (deadline, seq) not in `exclude`, in that order.
+        O(k + excluded ones met)."""
+        out: list[T] = []
+        if k <= 0:
+            return out
+        for e in self._dl:
+            if e.item not in exclude:
+                out.append(e.item)
+                if len(out) == k:
+                    break
+        return out
+
+    def upto(
+        self, bound: tuple[float, int] | None, keep: Callable[[RequestSignals], bool]
+    ) -> list[T]:
+        """Those with (deadline, seq) ≤ `bound` (all with None) that `keep` accepts, in
+        deadline order. O(those up to the bound)."""
+        out: list[T] = []
+        for e in self._dl:
+            if bound is not None and e.dl > bound:
+                break
+            if keep(e.sig):
+                out.append(e.item)
         return out
 
     def _window(self, now: float, width_s: float) -> list[_Entry[T]]:
