@@ -296,7 +296,7 @@ def test_short_prefill_index_equals_a_full_scan_under_the_control_core(hs_env, l
 
 @pytest.mark.parametrize(("kind", "seed"), [("omni_ar", 4), ("omni_ar_async", 5)])
 def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, kind, seed):
-    """The controller's index under random load on the real scheduler — arrivals fresh,
+    """The controller's indexes under random load on the real scheduler — arrivals fresh,
     protected and late, aborts, vLLM's own KV preemptions and the plugin's — after every
     step, against a walk over the controller's waiting requests."""
     import random
@@ -334,6 +334,13 @@ def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, k
         items = [r for r in hs.waiting.values() if not r._hs_sig.long_path]
         items = [r for r in items if not r._hs_sig.prefilled]
         _assert_index_equals_scan(hs._short_prefills, items, lambda r: r._hs_sig, now)
+        longs = [r for r in hs.waiting.values() if r._hs_sig.long_path]
+        longs = [r for r in longs if not r._hs_sig.prefilled]
+        assert list(hs._long_prefills) == longs
+        protected = hs._long_prefills.protected(now)
+        assert sorted(map(id, protected)) == sorted(id(r) for r in longs if r._hs_sig.protected)
+        continuations = [r for r in hs.waiting.values() if r._hs_sig.prefilled]
+        assert list(hs._continuations.values()) == continuations
         seen["late"] += sum(r._hs_sig.late for r in items)
         seen["protected"] += sum(r._hs_sig.protected for r in items)
         seen["preempted"] += len(out.preempted_req_ids)
