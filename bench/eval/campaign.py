@@ -335,7 +335,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         top = max(caps[s] for s in systems if s in caps)
         past = args.past_rate or round(math.ceil(PAST * top / args.grid) * args.grid, 6)
         rows = capacity_tiers(caps, systems, args.grid, args.long_rate, args.stress_long, past)
-        capacity = {"sources": args.capacity, "simulated_capacity": {s: caps[s] for s in systems},
+        capacity = {"label": "SIMULATED", "sources": args.capacity,
+                    "simulated_capacity": {s: caps[s] for s in systems},
                     "target": CAPACITY_TARGET, "grid": args.grid, "bracket": list(BRACKET),
                     "past_rate": past}  # fmt: skip
     else:
