@@ -637,9 +637,9 @@ class TemporalScheduler:
                 limit = late[cap - 1][:2] if cap <= len(late) else on_time[cap - 1 - len(late)][:2]
             return visible + min(cap, long_n), limit, True, limit, True, 0
         # On-time long-path prefills take the cap first; late ones get the places left.
-        shown_on = min(cap, len(on_time))
+        shown_on = cap if cap < len(on_time) else len(on_time)
         rest = cap - shown_on
-        shown_late = min(rest, len(late))
+        shown_late = rest if rest < len(late) else len(late)
         return (
             visible + shown_on + shown_late,
             on_time[cap - 1][:2] if len(on_time) > cap else None,
@@ -705,29 +705,36 @@ class TemporalScheduler:
         on_time, late, cap = self._long_ordinary, self._long_late, self._cap
         capped: list[RequestSignals] = []
         tail: list[RequestSignals] = []
+        in_order = False  # `capped` in deadline order already
         if long_visible and cap:
             if self._late_last:
-                capped = list(map(_sig_of_entry, on_time[:cap]))
-                tail = self._first_by_entry(late, cap - len(capped))
+                capped = list(map(_sig_of_entry, on_time[:cap]))  # a sorted list's head
+                in_order = True
+                if late and len(capped) < cap:
+                    tail = self._first_by_entry(late, cap - len(capped))
             else:
                 capped = list(map(_sig_of_entry, (late[:cap] + on_time[:cap])[:cap]))
-        members = self._by_deadline(capped)
+        members = self._by_deadline(capped, in_order)
         if not tail:
             return members
         return members + tail if isinstance(members, list) else itertools.chain(members, tail)
 
     def _by_deadline(
-        self, extra: list[RequestSignals] | None = None
+        self, extra: list[RequestSignals] | None = None, in_order: bool = False
     ) -> list[RequestSignals] | Iterator[RequestSignals]:
         """The shown requests and the on-time short-path prefills in deadline order (copies of
-        their `by_deadline`), with the `extra` requests (capped or late ones, sorted here)
-        merged in: a new list where one run or a short list (≤ MERGE_MIN) has them all, else a
-        lazy merge (a caller that stops after k requests pays O(k log) above the copies)."""
+        their `by_deadline`), with the `extra` requests (capped or late ones, sorted here
+        unless `in_order`) merged in: a new list where one run or a short list (≤ MERGE_MIN)
+        has them all, else a lazy merge (a caller that stops after k requests pays O(k log)
+        above the copies). `extra` is the caller's own list: returned as is when alone and
+        in order."""
         shown_dl, on_dl = self._shown.by_deadline, self._short_on.by_deadline
         assert shown_dl is not None and on_dl is not None
-        shown, on = shown_dl.sigs[:], on_dl.sigs[:]
-        if extra:  # given in entry order (a re-queued request sits at the tail): sort it
+        if extra and not in_order:  # given in entry order (a re-queued one sits at the tail)
             extra = sorted(extra, key=_deadline_of)
+        if not shown_dl and not on_dl:  # an overloaded queue's case: nothing else to merge
+            return extra or []
+        shown, on = shown_dl.sigs[:], on_dl.sigs[:]
         runs = [r for r in (shown, on, extra) if r]
         if len(runs) < 2:
             return runs[0] if runs else []

@@ -6,7 +6,11 @@ Measures, at several waiting-queue sizes, what the scheduler adds to each shared
                    is full (lazy view, batch of `--batch` prefills), averaged over whole rotation
                    cycles; the queue is in entry order and the engine passes a lookup, as the
                    simulator and the reference engine do, so long-path phases read their
-                   members from the index
+                   members from the index. The queue stands between steps (the running set is
+                   full: nothing is taken), so the index's views kept per state of the index
+                   (`TemporalScheduler._memo`) serve every step after the first
+  * view-changed — the same, each step right after a change to the index (an arrival, a request
+                   taken): nothing kept is reused
   * view-on-time — the view on a queue whose requests all arrived in the last 10 ms and stay on
                    time (planned at one instant): every short-path prompt is visible, in
                    deadline order (`view_order`); `view`'s queue is an overloaded one whose
@@ -24,9 +28,11 @@ Measures, at several waiting-queue sizes, what the scheduler adds to each shared
   * places       — place-aware admission (`downstream` 'place') with `waiting` requests
                    queued and 16 places all taken: one arrival, the listing in place order and
                    the admission of its head (per freed place, not per step)
-  * per-step-total — annotation of one request + view + sm-cap + split + downstream + places:
-                   the whole step, place ordering included (one freed place per step, the
-                   worst case)
+  * per-step-total — the sum of the medians of annotation (one request) + view + sm-cap +
+                   split + downstream + places (`STEP_PARTS`): the whole step, place ordering
+                   included (one freed place per step, the worst case); sm-cap and split each
+                   hold one SM selection. The view is that of a standing queue
+  * per-step-total-changed — the same with view-changed: a step right after the index changed
 Times are wall-clock medians over repeated rounds of `time.perf_counter_ns` loops (CPython, one
 core). The paper's Table 4 reference: 0.4 µs/request, 1.0 µs/step view, 0.3 µs/step SM cap.
 """
@@ -47,10 +53,12 @@ from horizonserve.runtime.config import (
     load_pipeline,
 )
 from horizonserve.runtime.downstream import SlackQueue, Stamp
-from horizonserve.runtime.policy import make_policy
+from horizonserve.runtime.policy import SchedulingPolicy, make_policy
 from horizonserve.runtime.profiler import InputFeatures, RequestSignals
 
 SIZES = (16, 256, 1024, 4096)
+# What per-step-total sums (a median each); per-step-total-changed has view-changed for view.
+STEP_PARTS = ("annotation", "view", "sm-cap", "split", "downstream", "places")
 PAPER_US = {"annotation": 0.4, "view": 1.0, "sm-cap": 0.3}
 
 
@@ -135,13 +143,23 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
     cycle = ControlParams().rotation_n_max + ControlParams().rotation_m
     clock = [0.0]
 
-    def walk(p, q, *, lookup: bool = True, tick: float = 0.005) -> Callable[[], int]:  # type: ignore[no-untyped-def]
+    def walk(
+        p: SchedulingPolicy,
+        q: list[RequestSignals],
+        *,
+        lookup: bool = True,
+        tick: float = 0.005,
+        changed: bool = False,
+    ) -> Callable[[], int]:
         # The engine's map from a request's signals to its queued item (here: itself).
         get = {sig: sig for sig in q}.__getitem__ if lookup else None
+        memo = p.temporal._memo  # what the index keeps while it stands; `changed`: forgotten
 
         def run() -> int:
             for _ in range(cycle):
                 clock[0] += tick  # tick 0: planned at one instant (t = 0, every prompt on time)
+                if changed:
+                    memo.clear()  # as a change to the index does (the change's cost not timed)
                 plan = p.temporal.plan(clock[0] if tick else 0.0)
                 for _ in islice(plan.iter_visible(q, _ident, get), batch):
                     pass
@@ -150,6 +168,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
         return run
 
     view = walk(policy, queue)
+    view_changed = walk(*_filled_policy(n, seed), changed=True)
     view_on_time = walk(*_filled_policy(n, seed, age_s=0.01), tick=0.0)
     view_worst = walk(*_filled_policy(n, seed, worst=True))
     walk_worst = walk(*_filled_policy(n, seed, worst=True), lookup=False)
@@ -225,6 +244,7 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
         "downstream": _median_ns(downstream, rounds) / 1e3,
         "places": _median_ns(places, rounds) / 1e3,
         "view": _median_ns(view, rounds) / 1e3,
+        "view-changed": _median_ns(view_changed, rounds) / 1e3,
         "view-on-time": _median_ns(view_on_time, rounds) / 1e3,
         "view-worst": _median_ns(view_worst, rounds) / 1e3,
         "walk-worst": _median_ns(walk_worst, rounds) / 1e3,
@@ -236,16 +256,12 @@ def measure(n: int, *, batch: int, rounds: int, seed: int = 0) -> dict[str, floa
 def run_overhead(sizes: tuple[int, ...], *, batch: int, rounds: int) -> dict:
     rows = {str(n): measure(n, batch=batch, rounds=rounds) for n in sizes}
     for row in rows.values():
-        row["per-step-total"] = (
-            row["annotation"]
-            + row["view"]
-            + row["sm-cap"]
-            + row["split"]
-            + row["downstream"]
-            + row["places"]
-        )
+        row["per-step-total"] = sum(row[k] for k in STEP_PARTS)
+        row["per-step-total-changed"] = row["per-step-total"] - row["view"] + row["view-changed"]
     return {
         "unit": "microseconds (annotation per request; others per step)",
+        "per-step-total": " + ".join(STEP_PARTS),
+        "per-step-total-changed": "per-step-total with view-changed for view",
         "batch": batch,
         "paper_table4_us": PAPER_US,
         "waiting": rows,
@@ -256,6 +272,7 @@ def table(result: dict) -> str:
     cols = (
         "annotation",
         "view",
+        "view-changed",
         "view-on-time",
         "view-worst",
         "walk-worst",
@@ -265,6 +282,7 @@ def table(result: dict) -> str:
         "downstream",
         "places",
         "per-step-total",
+        "per-step-total-changed",
     )
     lines = [
         f"control-core overhead, µs (synthetic queue, batch {result['batch']}; "
@@ -277,6 +295,7 @@ def table(result: dict) -> str:
     blank = f"{'':>14}"
     lines.append(
         f"{'paper':>8} {paper['annotation']:>14.2f} {paper['view']:>14.2f} {blank} {blank} "
-        f"{blank} {blank} {paper['sm-cap']:>14.2f} {blank} {blank} {blank} {blank}"
+        f"{blank} {blank} {blank} {paper['sm-cap']:>14.2f} {blank} {blank} {blank} {blank} "
+        f"{blank}"
     )
     return "\n".join(lines)
