@@ -18,7 +18,9 @@ takes it). The plugin applies it as it applies any artifact (`settings.resolve_c
 `HORIZONSERVE_CALIBRATION_ARTIFACT`, or the newest match for model + GPU + driver in
 `HORIZONSERVE_ARTIFACT_DIR`): measured classes get their solo p95, so their SLO targets;
 classes not measured keep the ServingConfig's. The fields this calibration does not measure
-(ladder, B_sat, stage costs) are carried over from the shipped estimate and say so in `notes`.
+(ladder, B_sat, stage costs) are carried over from the newest reference-calibration artifact
+for this pipeline and GPU in --out-dir (`--backend reference` measured them here), else from
+the shipped estimate; `notes` and `source` say which.
 Beside it: `.raw.log` (every sample, the requests and the server command), `.summary.txt`,
 and the server's own log `.serve.log` when this command started it.
 """
@@ -54,6 +56,8 @@ from horizonserve.runtime.artifact import (
     ESTIMATE_ARTIFACT,
     CalibrationArtifact,
     GpuKey,
+    PipelineCalibration,
+    load_artifact,
     load_packaged,
 )
 from horizonserve.runtime.calibrate.derive import p95
@@ -73,10 +77,6 @@ PROMPT = "Describe a quiet morning by the sea in a few sentences."
 AUDIO_S = 2.0  # probe audio clip: a 440 Hz tone, 16 kHz mono
 IMAGE_PX = 224  # probe image: a colour gradient, IMAGE_PX x IMAGE_PX
 POLL_S = 2.0
-NOT_MEASURED = (
-    f"carried over from {ESTIMATE_ARTIFACT} (estimate): calibrate --backend vllm-omni "
-    "measures only solo_p95_s"
-)
 CARRIED_FIELDS = ("ladder", "b_sat", "shared", "downstream", "sharing", "pressure")
 
 
@@ -557,6 +557,32 @@ def _cuda_props() -> tuple[int | None, float]:
         return None, 0.0
 
 
+def base_entry(out_dir: Path, pipeline: str, key: GpuKey) -> tuple[PipelineCalibration, str]:
+    """Where the fields this calibration does not measure come from, and its name: the newest
+    reference-calibration artifact in `out_dir` for this pipeline on this GPU (name, driver,
+    SMs: its ladder, B_sat and stage costs were measured here), else the shipped estimate."""
+    found = []
+    for path in sorted(out_dir.glob("*.json")) if out_dir.is_dir() else []:
+        if path.name.endswith(SUFFIX + ".json"):
+            continue
+        try:
+            art = load_artifact(path)
+        except (OSError, ValueError):  # a checkpoint, another JSON file
+            continue
+        entry = art.pipelines.get(pipeline)
+        same_gpu = (art.gpu.name, art.gpu.driver, art.gpu.sm_count) == (
+            key.name,
+            key.driver,
+            key.sm_count,
+        )
+        if entry is not None and same_gpu:
+            found.append((path.stat().st_mtime, path.name, entry))
+    if found:
+        _, name, entry = max(found, key=lambda f: f[0])
+        return entry, f"{name} (the reference calibration of this GPU)"
+    return load_packaged(ESTIMATE_ARTIFACT).pipeline(pipeline), f"{ESTIMATE_ARTIFACT} (estimate)"
+
+
 def build_artifact(
     pipeline: str,
     model: str,
@@ -564,12 +590,19 @@ def build_artifact(
     solo: dict[str, dict[str, Any]],
     command: str,
     when: str,
+    base: tuple[PipelineCalibration, str] | None = None,
 ) -> CalibrationArtifact:
-    """The estimate's entry for `pipeline`, its solo p95 table replaced by the measured one."""
-    tpl = load_packaged(ESTIMATE_ARTIFACT).pipeline(pipeline)
+    """`base`'s entry for `pipeline` (default: the shipped estimate's), its solo p95 table
+    replaced by the measured one: only the measured classes (the plugin keeps the
+    ServingConfig's solo p95 for the others)."""
+    tpl, origin = base or (
+        load_packaged(ESTIMATE_ARTIFACT).pipeline(pipeline),
+        f"{ESTIMATE_ARTIFACT} (estimate)",
+    )
     ladder = tpl.ladder if tpl.ladder.total == key.sm_count else cfg.default_ladder(key.sm_count)
     p95s, cis, counts, walls = {}, {}, {}, {}
-    notes = dict.fromkeys(CARRIED_FIELDS, NOT_MEASURED)
+    carried = f"carried over from {origin}: calibrate --backend vllm-omni measures only solo_p95_s"
+    notes = dict.fromkeys(CARRIED_FIELDS, carried)
     for name, rec in solo.items():
         lat = rec["latency_s"]
         p95s[name] = round(p95(lat), 5)
@@ -586,7 +619,7 @@ def build_artifact(
         f"--backend vllm-omni on {when}: `{command}`. Each class alone, one streamed chat "
         "request at a time; first response taken at the client (first text token / audio "
         "chunk / image); nearest-rank p95. Classes not listed in solo_p95_s were not measured. "
-        f"Every other field is carried over from {ESTIMATE_ARTIFACT} (an estimate)."
+        f"Every other field is carried over from {origin}."
     )
     entry = tpl.model_copy(
         update={
@@ -598,7 +631,6 @@ def build_artifact(
             "solo_samples": counts,
             "solo_wall_s": walls,
             "notes": dict(sorted(notes.items())),
-            "fit": None,
         }
     )
     entry = type(entry).model_validate(entry.model_dump())  # validate the replaced fields
@@ -718,7 +750,8 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
         if started is not None:
             started.stop()
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    art = build_artifact(pipeline, model, key, solo, command, when)
+    base = base_entry(out_dir, pipeline, key)
+    art = build_artifact(pipeline, model, key, solo, command, when, base)
     raw = {
         "backend": BACKEND,
         "command": command,
