@@ -459,9 +459,11 @@ def measure(
     repeats: int,
     settings: ProbeSettings,
     timeout_s: float,
-    say: Any = print,
+    where: str,
+    say: Callable[[str], None] = print,
 ) -> dict[str, dict[str, Any]]:
-    """Per class: warm-up then measured latencies, each request alone (closed loop)."""
+    """Per class: warm-up then measured latencies, each request alone (closed loop). `where`
+    names the server in errors (the option that chose it, or its log)."""
     out: dict[str, dict[str, Any]] = {}
     seq = 0
     for probe in probes:
@@ -485,7 +487,7 @@ def measure(
                 ) from None
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 raise VllmOmniCalibrationError(
-                    f"--url {server.url()}: class {probe.name!r}: the request failed ({exc})"
+                    f"{where}: class {probe.name!r}: the request failed ({exc})"
                 ) from None
             if i >= warmup:
                 lat.append(x)
@@ -520,20 +522,20 @@ def _short_body(body: dict[str, Any]) -> dict[str, Any]:
 # -- the artifact ------------------------------------------------------------------------------
 
 
-def gpu_key() -> tuple[GpuKey, bool]:
-    """The key of this machine's GPU (NVML name and driver), or a CPU key; and whether a GPU."""
+def gpu_key() -> GpuKey:
+    """The key of this machine's GPU (NVML name and driver; SMs and memory from PyTorch), or a
+    CPU key (the estimate's SM count: no ladder is measured there)."""
     from horizonserve.runtime.artifact_store import detect_gpu
 
     tpl = load_packaged(ESTIMATE_ARTIFACT).gpu
     gpu = detect_gpu()
     if gpu is None:
-        key = GpuKey(
+        return GpuKey(
             name=f"cpu ({platform.machine()})",
             driver="unknown",
             sm_count=tpl.sm_count,
             memory_gib=tpl.memory_gib,
         )
-        return key, False
     sms, mem = _cuda_props()
     if sms is None:
         if gpu.name != tpl.name:
@@ -542,7 +544,7 @@ def gpu_key() -> tuple[GpuKey, bool]:
                 "needs PyTorch with CUDA here (pip install 'horizonserve[gpu]')"
             )
         sms, mem = tpl.sm_count, tpl.memory_gib
-    return GpuKey(name=gpu.name, driver=gpu.driver, sm_count=sms, memory_gib=mem), True
+    return GpuKey(name=gpu.name, driver=gpu.driver, sm_count=sms, memory_gib=mem)
 
 
 def _cuda_props() -> tuple[int | None, float]:
@@ -703,13 +705,20 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
     for name, value, low in (("solo-requests", repeats, 1), ("warmup", warmup, 0)):
         if value < low:
             raise VllmOmniCalibrationError(f"--{name} {value}: at least {low}")
-    settings = ProbeSettings(max_tokens=args.max_tokens or 128, min_tokens=args.min_tokens)
+    max_tokens = 128 if args.max_tokens is None else args.max_tokens
+    settings = ProbeSettings(max_tokens=max_tokens, min_tokens=args.min_tokens)
     if settings.max_tokens < 1 or (settings.min_tokens or 0) > settings.max_tokens:
         raise VllmOmniCalibrationError(
             f"--max-tokens {settings.max_tokens} / --min-tokens {settings.min_tokens}: need "
             "1 <= min <= max"
         )
-    key, _on_gpu = gpu_key()
+    if args.url:
+        for name in ("vllm_command", "serve_args", "start_timeout"):
+            if getattr(args, name) is not None:
+                raise VllmOmniCalibrationError(
+                    f"{option(name)}: only for a server this command starts (not with --url)"
+                )
+    key = gpu_key()
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = stem_of((pipeline,), key.name, key.driver) + SUFFIX
@@ -730,6 +739,7 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
             )
         start_s = None
         server_cmd = f"(running server at {args.url})"
+        where = f"--url {args.url}"
     else:
         model = args.model or default_model
         port = _free_port()
@@ -738,13 +748,14 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
         print(f"[calibrate] starting {server_cmd}", flush=True)
         started = StartedServer(cmd, out_dir / f"{stem}.serve.log")
         server = Server("127.0.0.1", port)
+        where = f"the server this command started (log {started.log})"
     try:
         if started is not None:
             start_s = started.wait_ready(server, args.start_timeout or 900.0, model)
             print(f"[calibrate] server ready in {start_s:.0f} s", flush=True)
         solo = measure(
             server, model, probes, warmup, repeats, settings, args.request_timeout or 600.0,
-            say=lambda s: print(s, flush=True),
+            where, say=lambda s: print(s, flush=True),
         )  # fmt: skip
     finally:
         if started is not None:
@@ -783,6 +794,6 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
 
 def existing(args: argparse.Namespace, pipeline: str, stem_of: StemOf) -> Path | None:
     """This backend's artifact for `pipeline` on this machine in --out-dir, if present."""
-    key, _ = gpu_key()
+    key = gpu_key()
     path = Path(args.out_dir) / (stem_of((pipeline,), key.name, key.driver) + SUFFIX + ".json")
     return path if path.is_file() else None

@@ -104,6 +104,8 @@ def _calibrate(*argv: str, tmp: Path, timeout: float = 60) -> subprocess.Complet
         (("--solo-requests", "0"), "--solo-requests 0"),
         (("--url", "http://127.0.0.1:9"), "--url http://127.0.0.1:9: no vLLM-Omni server"),
         (("--pipeline", "qwen2_5_omni,bagel"), "--pipeline qwen2_5_omni,bagel"),
+        (("--url", "http://127.0.0.1:9", "--serve-args=--x"), "--serve-args: only for a server"),
+        (("--max-tokens", "4", "--min-tokens", "8"), "--max-tokens 4 / --min-tokens 8"),
     ],
 )
 def test_a_bad_option_fails_naming_it(argv: tuple[str, ...], named: str, tmp_path: Path) -> None:
