@@ -73,59 +73,52 @@ MERGE_MIN = 64
 _sig_of_entry = itemgetter(2)
 _sig_of_pair = itemgetter(1)
 _deadline_of = attrgetter("deadline", "seq")  # deadline order (C-level key)
-_SHORT = "short"  # `TemporalScheduler._memo`'s key for a short-path phase's head
+_SHORT = "short"  # `TemporalScheduler._memo`'s key for a short-path phase's members
 
 
 class _EntryList(Generic[K]):
     """Requests sorted by a unique key (parallel lists): the entry ticket, or (deadline, seq)
     for deadline order. O(1) append at the tail (a new entry has the largest ticket), O(log n)
-    search plus a C-level move to insert and discard elsewhere."""
+    search plus a C-level move to insert and discard elsewhere.
 
-    __slots__ = ("_sigs", "_tickets")
+    `tickets` (the keys, sorted) and `sigs` (the requests, index for index) are plain
+    attributes, read on every step: read only, mutate through the methods."""
+
+    __slots__ = ("sigs", "tickets")
 
     def __init__(self) -> None:
-        self._tickets: list[K] = []
-        self._sigs: list[RequestSignals] = []
+        self.tickets: list[K] = []
+        self.sigs: list[RequestSignals] = []
 
     def __len__(self) -> int:
-        return len(self._tickets)
+        return len(self.tickets)
 
     def append(self, ticket: K, sig: RequestSignals) -> None:
-        self._tickets.append(ticket)
-        self._sigs.append(sig)
+        self.tickets.append(ticket)
+        self.sigs.append(sig)
 
     def insert(self, ticket: K, sig: RequestSignals) -> None:
-        tickets = self._tickets
+        tickets = self.tickets
         if not tickets or tickets[-1] < ticket:  # the newest (a new entry): at the tail
             tickets.append(ticket)
-            self._sigs.append(sig)
+            self.sigs.append(sig)
             return
         i = bisect_left(tickets, ticket)
         tickets.insert(i, ticket)
-        self._sigs.insert(i, sig)
+        self.sigs.insert(i, sig)
 
     def discard(self, ticket: K) -> None:
-        tickets = self._tickets
+        tickets = self.tickets
         i = bisect_left(tickets, ticket)
         if i < len(tickets) and tickets[i] == ticket:
             del tickets[i]
-            del self._sigs[i]
+            del self.sigs[i]
 
     def first(self) -> tuple[K, RequestSignals] | None:
-        return (self._tickets[0], self._sigs[0]) if self._tickets else None
-
-    @property
-    def tickets(self) -> list[K]:
-        """The keys, sorted (read only: mutate through the methods)."""
-        return self._tickets
-
-    @property
-    def sigs(self) -> list[RequestSignals]:
-        """The requests, index for index with `tickets` (read only)."""
-        return self._sigs
+        return (self.tickets[0], self.sigs[0]) if self.tickets else None
 
     def snapshot(self) -> tuple[list[K], list[RequestSignals]]:
-        return self._tickets[:], self._sigs[:]
+        return self.tickets[:], self.sigs[:]
 
 
 class _Members(_EntryList[int]):
@@ -299,6 +292,11 @@ class StepView:
         return visible, hidden
 
 
+def _copied_when_reached(sigs: list[RequestSignals]) -> Iterator[RequestSignals]:
+    """`sigs`, copied once the walk reaches them (a walk that stops before does not pay)."""
+    yield from sigs[:]
+
+
 def _deadline_key(sig: RequestSignals) -> tuple[float, int]:
     return sig.deadline, sig.seq
 
@@ -409,10 +407,10 @@ class TemporalScheduler:
         # the steps that follow while it stands (a running set that is full takes nothing from
         # the queue): a view's fields but its step (key: the rotation's (short-path phase?,
         # N), None without rotation; `_view_fields`), a long-path phase's members (key:
-        # `long_visible`) and the deadline-ordered head of a short-path phase's (key:
-        # _SHORT). Only materialised lists are kept; no caller mutates them. Invalidation:
-        # every change to the index (`add`, `remove`, a prefill protected or found late)
-        # clears it.
+        # `long_visible`) and a short-path phase's in deadline order (key: _SHORT, up to
+        # MERGE_MIN late ones). Only materialised lists are kept; no caller mutates them.
+        # Invalidation: every change to the index (`add`, `remove`, a prefill protected or
+        # found late) clears it.
         self._memo: dict[object, Any] = {}
 
     # -- queue membership -------------------------------------------------------------------
@@ -571,7 +569,7 @@ class TemporalScheduler:
         n_late = 0
         if rotation is None:  # every waiting request, every step
             visible = cont + self._short_waiting + self._long_waiting
-            n_late = len(self._short_late) + len(late) if late_last else 0
+            n_late = len(self._short_late.sigs) + len(late) if late_last else 0
             long_visible = late_long_visible = True
             index = None
         else:
@@ -580,7 +578,7 @@ class TemporalScheduler:
             if self._phase_yield and on_time:
                 # Late short-path prefills have missed their SLO: they do not hold a short-path
                 # phase against on-time long-path ones (they run once none of those waits).
-                short_ordinary -= len(self._short_late)
+                short_ordinary -= len(self._short_late.sigs)
             if short and short_ordinary == 0 and long_n:
                 short = False
             elif not short and long_n == 0:
@@ -588,7 +586,7 @@ class TemporalScheduler:
             if short:
                 phase = Phase.SHORT
                 visible = cont + self._short_waiting + long_protected
-                n_late = len(self._short_late) if late_last else 0
+                n_late = len(self._short_late.sigs) if late_last else 0
                 long_hidden = long_n > 0
                 # With late prefills (or in deadline order) the view reads its sequence from
                 # the index (`iter_visible` with a lookup), so it need not walk past the late
@@ -627,7 +625,7 @@ class TemporalScheduler:
         on_time, late, cap = self._long_ordinary, self._long_late, self._cap
         long_n = len(on_time) + len(late)
         if self._dl:  # the on-time short-path prefills stay visible, in deadline order
-            visible += len(self._short_on)
+            visible += len(self._short_on.sigs)
         if cap == 0:
             return visible, None, False, None, False, 0
         if not self._late_last:
@@ -685,7 +683,7 @@ class TemporalScheduler:
             tail = self._first_by_entry(late, cap - len(capped))
         else:
             capped, tail = self._first_by_entry(late[:cap] + on_time[:cap], cap), []
-        if not self._shown:
+        if not self._shown.sigs:
             return capped + tail
         members = self._shown.sigs[:]
         entries = self._shown.tickets
@@ -732,7 +730,7 @@ class TemporalScheduler:
         assert shown_dl is not None and on_dl is not None
         if extra and not in_order:  # given in entry order (a re-queued one sits at the tail)
             extra = sorted(extra, key=_deadline_of)
-        if not shown_dl and not on_dl:  # an overloaded queue's case: nothing else to merge
+        if not shown_dl.sigs and not on_dl.sigs:  # an overloaded queue's: nothing else to merge
             return extra or []
         shown, on = shown_dl.sigs[:], on_dl.sigs[:]
         runs = [r for r in (shown, on, extra) if r]
@@ -747,23 +745,26 @@ class TemporalScheduler:
     def _short_members(self) -> Iterator[RequestSignals]:
         """A short-path phase's visible set in view order: the shown requests and the on-time
         short-path prefills merged in entry order, then the late ones in entry order. Reads
-        snapshots (C-level copies; the late ones' taken when the walk reaches them), so the
-        caller may dequeue what it takes while it iterates; the merge is lazy, so a caller
-        that stops after k requests pays O(k) above the copies. In deadline order
+        snapshots (C-level copies; a long late list's taken when the walk reaches it), so the
+        caller may dequeue what it takes while it iterates; a long queue's merge is lazy, so a
+        caller that stops after k requests pays O(k) above the copies. In deadline order
         (`view_order` 'deadline') the shown and on-time ones merge by deadline (`_by_deadline`);
         without late yielding the late ones join that merge."""
-        if self._dl:
-            head = self._memo.get(_SHORT)
-            if head is None:
-                head = self._by_deadline(None if self._late_last else self._short_late.sigs)
-                if isinstance(head, list):
-                    self._memo[_SHORT] = head
-            yield from head
-            if self._late_last:
-                yield from self._short_late.sigs[:]
-            return
+        if not self._dl:
+            return self._short_members_by_entry()
+        members = self._memo.get(_SHORT)
+        if members is None:
+            head = self._by_deadline(None if self._late_last else self._short_late.sigs)
+            late = self._short_late.sigs if self._late_last else []
+            if not isinstance(head, list) or len(late) > MERGE_MIN:
+                return itertools.chain(head, _copied_when_reached(late))
+            members = self._memo[_SHORT] = head + late
+        return iter(members)
+
+    def _short_members_by_entry(self) -> Iterator[RequestSignals]:
+        """`_short_members` in entry order."""
         on_tickets, on = self._short_on.snapshot()
-        if not self._shown:
+        if not self._shown.sigs:
             yield from on
         elif not on:
             yield from self._shown.sigs[:]
