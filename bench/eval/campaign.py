@@ -241,7 +241,8 @@ def read_capacities(paths: list[str], pipeline: str) -> dict[str, float]:
     earlier one's (e.g. a rerun of one system)."""
     caps: dict[str, float] = {}
     for path in paths:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        data = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
         # `--pipeline all` writes {"pipelines": {name: entry}}, one pipeline its entry alone.
         entry = data.get("pipelines", {}).get(pipeline) if "pipelines" in data else data
         if not entry or entry.get("pipeline", pipeline) != pipeline:
@@ -1134,7 +1135,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "attainment_seeds": [x["attainment"] for x in runs],
             }  # fmt: skip
         out["points"][pid] = res
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.out.endswith(".gz"):  # compact and gzipped (mtime 0: the same result, the same bytes)
+        text = json.dumps(out, separators=(",", ":"), default=str) + "\n"
+        Path(args.out).write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -4,6 +4,7 @@ records what its baseline runs with, and a run counts every refused request as a
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -65,9 +66,11 @@ def test_capacity_campaign_brackets_each_system_then_the_long_and_past_points(
 ) -> None:
     caps = {"horizon": 9.0, "mps": 4.0, "shed": 4.0, "mps-static": 4.8, "vllm-omni-current": 4.0}
     first = _sim_plan(tmp_path / "a.json", {**caps, "mps-static": 3.0})
-    second = tmp_path / "b.json"  # a rerun of one system wins; one pipeline's entry alone
+    # A rerun of one system wins; one pipeline's entry alone, gzipped as committed.
+    second = tmp_path / "b.json.gz"
     rows = [{"system": "mps-static", "rate_ok": 4.8, "rate_fail": 4.9}]
-    second.write_text(json.dumps({"pipeline": "qwen2_5_omni", "target": 0.9, "systems": rows}))
+    entry = {"pipeline": "qwen2_5_omni", "target": 0.9, "systems": rows}
+    second.write_bytes(gzip.compress(json.dumps(entry).encode()))
     plan = _plan(tmp_path, "--capacity", str(first), "--capacity", str(second), "--systems",
                  ",".join(caps), "--long-rate", "6", "--stress-long", "0.6")  # fmt: skip
     assert plan["capacity"]["simulated_capacity"]["mps-static"] == 4.8

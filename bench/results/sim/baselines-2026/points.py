@@ -11,7 +11,7 @@ not scored). Run from the repository root:
     python bench/results/sim/baselines-2026/points.py predictions > h200-plan.txt
 
 `predictions` reads the H200 campaign's plans (h200-plan-*.json.gz) and the simulator's
-predictions for their items (h200-sim-*.json, `bench/eval/campaign.py simulate`).
+predictions for their items (h200-sim-*.json.gz, `bench/eval/campaign.py simulate`).
 """
 
 from __future__ import annotations
@@ -250,7 +250,8 @@ def predictions(args: argparse.Namespace) -> None:
     for p in args.pipelines:
         with gzip.open(here / f"h200-plan-{p}.json.gz") as f:
             plan = json.loads(f.read())
-        sim = json.loads((here / f"h200-sim-{p}.json").read_text())
+        with gzip.open(here / f"h200-sim-{p}.json.gz") as f:
+            sim = json.loads(f.read())
         cap = plan["capacity"]
         span = plan["points"][plan["items"][0]["point"]]["duration_s"]
         print(
