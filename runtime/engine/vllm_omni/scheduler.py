@@ -209,7 +209,7 @@ class SharedStageController:
         # preemption rule and the slack view ask them without walking every waiting request.
         # Together they hold exactly `waiting`'s requests.
         self._short_prefills: PrefillIndex[Any] = PrefillIndex()
-        self._long_prefills: PrefillIndex[Any] = PrefillIndex()
+        self._long_prefills: PrefillIndex[Any] = PrefillIndex(windows=False)
         self._continuations: dict[str, Any] = {}
         self._gap = 0  # len(queues) - len(self.waiting) after the last audit
         # Urgent-prefill boost: only a throttling policy has a cap to rise above.

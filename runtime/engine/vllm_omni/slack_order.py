@@ -222,9 +222,11 @@ class PrefillIndex(Generic[T]):
     """
 
     __slots__ = ("_bound", "_by_id", "_dl", "_dl_keys", "_late", "_prot", "_prot_keys", "_start",
-                 "_start_keys", "_tickets")  # fmt: skip
+                 "_start_keys", "_tickets", "_windows")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, *, windows: bool = True) -> None:
+        # windows: keep the latest-start order (`urgent`, `margins_below`); off, those refuse.
+        self._windows = windows
         self._by_id: dict[str, _Entry[T]] = {}
         self._dl_keys: list[tuple[float, int]] = []
         self._dl: list[_Entry[T]] = []  # parallel to _dl_keys
@@ -254,9 +256,10 @@ class PrefillIndex(Generic[T]):
             self.discard(rid)
         e = _Entry(rid, item, sig, next(self._tickets))
         self._by_id[rid] = e
-        i = bisect_left(self._start_keys, e.start)
-        self._start_keys.insert(i, e.start)
-        self._start.insert(i, e)
+        if self._windows:
+            i = bisect_left(self._start_keys, e.start)
+            self._start_keys.insert(i, e.start)
+            self._start.insert(i, e)
         i = bisect_left(self._dl_keys, e.dl)
         self._dl_keys.insert(i, e.dl)
         self._dl.insert(i, e)
@@ -275,7 +278,8 @@ class PrefillIndex(Generic[T]):
         e = self._by_id.pop(rid, None)
         if e is None:
             return None
-        _remove(self._start_keys, self._start, e.start, e)
+        if self._windows:
+            _remove(self._start_keys, self._start, e.start, e)
         _remove(self._dl_keys, self._dl, e.dl, e)
         if e.prot is not None:
             _remove(self._prot_keys, self._prot, e.prot, e)
@@ -334,6 +338,8 @@ class PrefillIndex(Generic[T]):
 
     def _window(self, now: float, width_s: float) -> list[_Entry[T]]:
         """Candidates for 0 ≤ can_wait_s(now) < width_s (a superset; callers test exactly)."""
+        if not self._windows:
+            raise ValueError("this index keeps no latest-start order (windows=False)")
         keys = self._start_keys
         lo = bisect_left(keys, (now - _WINDOW_EPS_S,))
         hi = bisect_left(keys, (now + width_s + _WINDOW_EPS_S,), lo)
