@@ -217,23 +217,20 @@ class PrefillIndex(Generic[T]):
       lies in the prefix protect_at ≤ now; late ones met there move to `late` for good, so a
       query walks the protected ones (and those not yet latched), each late one once.
 
-    Maintained on add / discard (O(log n) search, O(n) C-level list shifts); equal to a full
-    scan of the waiting short-path prefills after any sequence of them.
+    Each order is one sorted list of (key, seq, entry) triples (seq is unique, so the entry is
+    never compared). Maintained on add / discard (O(log n) search, one O(n) C-level list
+    shift per order); equal to a full scan of the waiting prefills after any sequence of them.
     """
 
-    __slots__ = ("_bound", "_by_id", "_dl", "_dl_keys", "_late", "_prot", "_prot_keys", "_start",
-                 "_start_keys", "_tickets", "_windows")  # fmt: skip
+    __slots__ = ("_bound", "_by_id", "_dl", "_late", "_prot", "_start", "_tickets", "_windows")
 
     def __init__(self, *, windows: bool = True) -> None:
         # windows: keep the latest-start order (`urgent`, `margins_below`); off, those refuse.
         self._windows = windows
         self._by_id: dict[str, _Entry[T]] = {}
-        self._dl_keys: list[tuple[float, int]] = []
-        self._dl: list[_Entry[T]] = []  # parallel to _dl_keys
-        self._start_keys: list[tuple[float, int]] = []
-        self._start: list[_Entry[T]] = []  # parallel to _start_keys
-        self._prot_keys: list[tuple[float, int]] = []
-        self._prot: list[_Entry[T]] = []  # parallel to _prot_keys
+        self._dl: list[_Triple] = []
+        self._start: list[_Triple] = []
+        self._prot: list[_Triple] = []
         self._late: dict[str, _Entry[T]] = {}
         # Largest protect_at of a request latched protected at entry (it entered after the
         # step's plan, at a later clock): the protected prefix reaches at least this far.
@@ -251,25 +248,19 @@ class PrefillIndex(Generic[T]):
         return (e.item for e in self._by_id.values())
 
     def add(self, rid: str, item: T, sig: RequestSignals) -> None:
-        """`item` (a waiting short-path prefill, `sig` as the control core left it) entered."""
+        """`item` (a waiting prefill, `sig` as the control core left it) entered."""
         if rid in self._by_id:
             self.discard(rid)
         e = _Entry(rid, item, sig, next(self._tickets))
         self._by_id[rid] = e
         if self._windows:
-            i = bisect_left(self._start_keys, e.start)
-            self._start_keys.insert(i, e.start)
-            self._start.insert(i, e)
-        i = bisect_left(self._dl_keys, e.dl)
-        self._dl_keys.insert(i, e.dl)
-        self._dl.insert(i, e)
+            _insert(self._start, e.start, e)
+        _insert(self._dl, e.dl, e)
         if sig.late:
             self._late[rid] = e
             return
         e.prot = (sig.protect_at, sig.seq)
-        i = bisect_left(self._prot_keys, e.prot)
-        self._prot_keys.insert(i, e.prot)
-        self._prot.insert(i, e)
+        _insert(self._prot, e.prot, e)
         if sig.protected and sig.protect_at > self._bound:
             self._bound = sig.protect_at
 
@@ -279,29 +270,30 @@ class PrefillIndex(Generic[T]):
         if e is None:
             return None
         if self._windows:
-            _remove(self._start_keys, self._start, e.start, e)
-        _remove(self._dl_keys, self._dl, e.dl, e)
+            _remove(self._start, e.start, e)
+        _remove(self._dl, e.dl, e)
         if e.prot is not None:
-            _remove(self._prot_keys, self._prot, e.prot, e)
+            _remove(self._prot, e.prot, e)
         else:
             self._late.pop(rid, None)
         return e.item
 
     def _protected(self, now: float) -> list[_Entry[T]]:
         """The protected entries; late ones met on the way leave the protect_at list."""
-        keys, entries = self._prot_keys, self._prot
-        hi = bisect_right(keys, (max(now, self._bound), _INF))
+        prot = self._prot
+        hi = bisect_right(prot, (max(now, self._bound), _INF))
         out: list[_Entry[T]] = []
         late: list[int] = []
         for i in range(hi):
-            sig = entries[i].sig
+            e = prot[i][2]
+            sig = e.sig
             if sig.protected:
-                out.append(entries[i])
+                out.append(e)
             elif sig.late:
                 late.append(i)
         for i in reversed(late):
-            e = entries[i]
-            del keys[i], entries[i]
+            e = prot[i][2]
+            del prot[i]
             e.prot = None
             self._late[e.rid] = e
         return out
@@ -316,7 +308,7 @@ class PrefillIndex(Generic[T]):
         out: list[T] = []
         if k <= 0:
             return out
-        for e in self._dl:
+        for _, _, e in self._dl:
             if e.item not in exclude:
                 out.append(e.item)
                 if len(out) == k:
@@ -329,21 +321,21 @@ class PrefillIndex(Generic[T]):
         """Those with (deadline, seq) ≤ `bound` (all with None) that `keep` accepts, in
         deadline order. O(those up to the bound)."""
         out: list[T] = []
-        for e in self._dl:
-            if bound is not None and e.dl > bound:
+        for d, seq, e in self._dl:
+            if bound is not None and (d, seq) > bound:
                 break
             if keep(e.sig):
                 out.append(e.item)
         return out
 
-    def _window(self, now: float, width_s: float) -> list[_Entry[T]]:
+    def _window(self, now: float, width_s: float) -> list[_Triple]:
         """Candidates for 0 ≤ can_wait_s(now) < width_s (a superset; callers test exactly)."""
         if not self._windows:
             raise ValueError("this index keeps no latest-start order (windows=False)")
-        keys = self._start_keys
-        lo = bisect_left(keys, (now - _WINDOW_EPS_S,))
-        hi = bisect_left(keys, (now + width_s + _WINDOW_EPS_S,), lo)
-        return self._start[lo:hi]
+        start = self._start
+        lo = bisect_left(start, (now - _WINDOW_EPS_S,))
+        hi = bisect_left(start, (now + width_s + _WINDOW_EPS_S,), lo)
+        return start[lo:hi]
 
     def urgent(self, now: float, wait_s: float) -> list[T]:
         """The ones that need a place sooner than `wait_s` (in entry order): protected, or
@@ -351,7 +343,7 @@ class PrefillIndex(Generic[T]):
         O(log n + protected + k)."""
         out = self._protected(now)
         if wait_s > 0.0:
-            for e in self._window(now, wait_s):
+            for _, _, e in self._window(now, wait_s):
                 sig = e.sig
                 if not sig.protected and 0.0 <= sig.can_wait_s(now) < wait_s:
                     out.append(e)
@@ -364,30 +356,37 @@ class PrefillIndex(Generic[T]):
         if below_s <= 0.0:
             return []
         out = []
-        for e in self._window(now, below_s):
+        for _, _, e in self._window(now, below_s):
             m = e.sig.can_wait_s(now)
             if 0.0 <= m < below_s and e.item not in exclude:
                 out.append(m)
         return out
 
     def any_late(self, now: float) -> bool:
-        """Some waiting short-path prefill is late. O(protected) plus the newly late."""
+        """Some waiting prefill is late. O(protected) plus the newly late."""
         self._protected(now)
         return bool(self._late)
 
 
-_Key = tuple[float, int]
+_Triple = tuple[float, int, Any]  # (key, seq, entry): sorted by (key, seq), unique seq
 
 
-def _remove(keys: list[_Key], entries: list[Any], key: _Key, e: Any) -> None:
-    i = bisect_left(keys, key)
-    n = len(keys)
-    while i < n and keys[i] == key:
-        if entries[i] is e:
-            del keys[i], entries[i]
-            return
+def _insert(lst: list[_Triple], key: tuple[float, int], e: Any) -> None:
+    # A (key, seq) pair sorts before every triple that starts with it: no entry compared.
+    lst.insert(bisect_left(lst, key), (key[0], key[1], e))
+
+
+def _remove(lst: list[_Triple], key: tuple[float, int], e: Any) -> None:
+    i = bisect_left(lst, key)
+    n = len(lst)
+    while i < n and lst[i][2] is not e:
+        if (lst[i][0], lst[i][1]) != key:
+            i = n
+            break
         i += 1
-    raise KeyError(key)  # the lists lost an entry: a bug, not a state to carry on from
+    if i >= n:
+        raise KeyError(key)  # the order lost an entry: a bug, not a state to carry on from
+    del lst[i]
 
 
 def preemption_pays(recompute_s: float, sooner_s: float, margins: Iterable[float]) -> bool:
