@@ -12,12 +12,13 @@ update_from_output) in a steady state that keeps N requests waiting:
           plugin only syncs, steps the policy and publishes the SM split;
 * mixed   every request finishes after one token and new ones (half text, half speech)
           arrive to keep N waiting: up to 16 slots to fill every step, so every step applies a
-          view; text drains faster, the queue fills with speech, and short-path phases walk
-          past hidden speech prefills to find text ones, then restore that prefix;
+          view; text drains faster, the queue fills with speech, and the text prompts taken
+          sit deep in it: the slack view reads them from the prefill indexes, restoring vLLM's
+          queue still reaches as deep;
 * burst   the same with speech only (8 text requests at the back at the start): long-path
-          phases show at most the cap (2) of N ordinary long prefills, so the view's walk goes
-          through the whole queue (the O(N) bound of the windowed view), while the restore
-          only pops the head.
+          phases show at most the cap (2) of N ordinary long prefills (the slack view reads
+          them from the long-path index up to the cap's deadline limit; a queue-order view
+          walks the whole queue), while the restore only pops the head.
 
 * urgent  the running batch is full of 16 speech decodes and N protected text requests wait
           (nothing ordinary waits, so every step runs the shared-stage preemption check:
