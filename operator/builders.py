@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -467,6 +468,9 @@ def serving_pod(
     # Weights (spec.modelSource) and engine flags (spec.engineArgs): volumes, mounts, env,
     # the `weights` init container; a spec without them is left as it was.
     model_source.apply(pod_spec, spec, config, image=image, security=CONTAINER_SECURITY)
+    calibrate = next((c for c in init if c["name"] == "calibrate"), None)
+    if calibrate is not None and spec.backend is Backend.VLLM_OMNI:
+        _calibrate_served_engine(calibrate, serving)
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
     if spec.priority_class_name:
@@ -481,6 +485,44 @@ def serving_pod(
         "prometheus.io/port": str(METRICS_PORT),
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _calibrate_served_engine(calibrate: dict[str, Any], serving: dict[str, Any]) -> None:
+    """A vLLM-Omni service's calibration container: after the reference calibration (ladder,
+    B_sat, stage costs), `horizonserve calibrate --backend vllm-omni` on the engine the serving
+    container runs: its model and its flags (weights source, spec.engineArgs) exactly as the
+    serving command has them, its weights mount and offline settings; it measures the solo p95
+    table and the shared stage's per-token decode time and writes beside the reference
+    artifact, where the plugin finds it (the newest for model + GPU + driver). One container
+    (`sh -c A && exec B`): the pod shows one calibration step. In place."""
+    served = serving["command"]
+    # serving_command + model_source.apply: vllm serve MODEL --omni --host H --port P FLAGS...
+    head = ["--omni", "--host", SERVING_HOST, "--port", str(SERVING_PORT)]
+    assert served[:2] == ["vllm", "serve"] and served[3:8] == head, served
+    command = calibrate["command"]
+    cut = command.index("--") + 1  # nodeagent restore ... -- <the reference calibration>
+    reference = command[cut:]
+    mode, out_dir = reference[reference.index("--mode") + 1], reference[-1]
+    engine = [
+        "horizonserve", "calibrate", "--backend", "vllm-omni",
+        "--pipeline", reference[reference.index("--pipeline") + 1],
+        "--mode", mode, "--out-dir", out_dir, "--model", served[2],
+    ]  # fmt: skip
+    if served[8:]:
+        engine.append("--serve-args=" + shlex.join(served[8:]))
+    script = f"{shlex.join(reference)} && exec {shlex.join(engine)}"
+    calibrate["command"] = [*command[:cut], "sh", "-c", script]
+    # The weights as the serving container reads them; no API key (the calibration's server
+    # listens on loopback only).
+    secret = {API_KEY_ENV, VLLM_API_KEY_ENV}
+    have = {e["name"] for e in calibrate["env"]}
+    calibrate["env"] = calibrate["env"] + [
+        e for e in serving.get("env", ()) if e["name"] not in have | secret
+    ]
+    mounted = {m["name"] for m in calibrate["volumeMounts"]}
+    calibrate["volumeMounts"] = calibrate["volumeMounts"] + [
+        m for m in serving.get("volumeMounts", ()) if m["name"] not in mounted
+    ]
 
 
 def node_hash(template_hash: str, key: str) -> str:

@@ -9,6 +9,7 @@ writing the pod status the kubelet would (the `weights` init container running, 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from horizonserve.operator import model_source
+from horizonserve.operator import builders, model_source
 
 from .k8s_helpers import (
     OSVC_PATH,
@@ -176,6 +177,68 @@ def test_each_source_kind_builds_its_pod(cluster: Any, ns: str) -> None:
         # several resync passes (1 s each here).
         uids = {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))}
         assert len(uids) == 4
+        time.sleep(5)
+        assert {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))} == uids
+
+
+def _calibration_steps(pod: dict) -> tuple[list[str], list[str]]:
+    """The calibration init container's two commands (`sh -c 'A && exec B'`, after the
+    artifact restore), split as the shell would."""
+    command = _container(pod, "calibrate")["command"]
+    cut = command.index("--") + 1
+    assert command[cut : cut + 2] == ["sh", "-c"] and len(command) == cut + 3, command
+    words = shlex.split(command[-1])
+    amp = words.index("&&")
+    assert words[amp + 1] == "exec"
+    return words[:amp], words[amp + 2 :]
+
+
+def test_vllm_omni_calibration_measures_the_engine_the_pod_serves(cluster: Any, ns: str) -> None:
+    """A vLLM-Omni service's calibration container runs the reference calibration, then
+    `calibrate --backend vllm-omni` with the serving command's model and flags (weights
+    source, engineArgs) into the artifact directory the plugin reads, with the serving
+    container's weights mount and offline settings and without its API key."""
+    create_node(cluster, "gpu-cal", labels={"pool": "cal"})
+    create_node(cluster, "gpu-ref", labels={"pool": "ref"})
+    _secret(cluster, ns, "keys", {"horizonserve.io/api-key": "allowed"})
+    pvc = {"pvc": {"claimName": "models", "path": "qwen/omni"}}
+    args = {"maxModelLen": 4096, "enforceEager": True}
+    with KopfRunner(kopf_args(ns), timeout=30):
+        _apply(cluster, ns, _osvc("cal", "cal", modelSource=pvc, engineArgs=args,
+                                  calibration={"mode": "auto"},
+                                  apiKeySecret={"name": "keys", "key": "token"}))  # fmt: skip
+        ref = _osvc("ref", "ref", calibration={"mode": "force"})
+        ref["spec"]["backend"] = "reference"
+        _apply(cluster, ns, ref)
+        pod = _one_pod(cluster, ns, "cal")
+        serving = _container(pod, "serving")["command"]
+        reference, engine = _calibration_steps(pod)
+        out = ["--out-dir", builders.ARTIFACT_MOUNT]
+        assert reference == ["horizonserve", "calibrate", "--pipeline", "qwen2_5_omni",
+                             "--mode", "auto", *out]  # fmt: skip
+        # the served model (the mounted weights) and every flag after the listen address
+        assert serving[2] == model_source.MODEL_MOUNT
+        assert serving[8:] == ["--served-model-name", "Qwen/Qwen2.5-Omni-7B",
+                               "--max-model-len", "4096", "--enforce-eager"]  # fmt: skip
+        assert engine == [
+            "horizonserve", "calibrate", "--backend", "vllm-omni", "--pipeline",
+            "qwen2_5_omni", "--mode", "auto", *out, "--model", model_source.MODEL_MOUNT,
+            "--serve-args=" + shlex.join(serving[8:]),
+        ]  # fmt: skip
+        calibrate = _container(pod, "calibrate")
+        env = _env(calibrate)
+        assert env["HF_HUB_OFFLINE"] == "1" and env["HORIZONSERVE_ARTIFACT_DIR"] == out[1]
+        assert not {"VLLM_API_KEY", "HORIZONSERVE_API_KEY"} & set(env)
+        assert "VLLM_API_KEY" in _env(_container(pod, "serving"))
+        mounts = {m["name"]: m for m in calibrate["volumeMounts"]}
+        assert mounts["model"]["readOnly"] is True and mounts["model"]["subPath"] == "qwen/omni"
+        assert not mounts["artifacts"].get("readOnly")  # it writes the artifacts
+        # The reference backend's calibration is the one command it was.
+        ref_init = _container(_one_pod(cluster, ns, "ref"), "calibrate")["command"]
+        assert ref_init[-9:] == ["--", "horizonserve", "calibrate", "--pipeline",
+                                 "qwen2_5_omni", "--mode", "force", *out]  # fmt: skip
+        # Stored as built: no drift, no replacement over several resync passes.
+        uids = {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))}
         time.sleep(5)
         assert {p["metadata"]["uid"] for p in live(serving_pods(cluster, ns))} == uids
 

@@ -212,7 +212,12 @@ def test_only_the_sidecar_holds_a_token() -> None:
 
 
 def test_built_pod_passes_pod_security_restricted() -> None:
-    for overrides in ({}, {"backend": "vllm-omni", "calibration": {"mode": "skip"}}):
+    pvc = {"pvc": {"claimName": "models"}}
+    for overrides in (
+        {},
+        {"backend": "vllm-omni", "calibration": {"mode": "skip"}},
+        {"backend": "vllm-omni", "modelSource": pvc},  # the engine calibration reads weights
+    ):
         pod = _pod(overrides)
         assert restricted_violations(pod["spec"], pod["metadata"]["annotations"]) == []
     # The check is not vacuous: what the old pod had fails it.
