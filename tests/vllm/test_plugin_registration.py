@@ -242,7 +242,9 @@ def test_dockerfile_agrees_with_the_pins_and_the_operator():
     pyproject = (ROOT / "pyproject.toml").read_text()
     (pin,) = re.findall(r'"vllm-omni==([0-9.]+)"', pyproject)
     assert re.search(rf"^ARG VLLM_OMNI_VERSION={re.escape(pin)}$", text, re.M)
-    assert "FROM vllm/vllm-omni:v${VLLM_OMNI_VERSION}" in text
+    # GPU nodes build on vLLM-Omni's release image of the pinned version (the default BASE)
+    assert re.search(rf"^ARG BASE=vllm/vllm-omni:v{re.escape(pin)}$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M)
     assert "--no-deps" in text and "ENTRYPOINT []" in text and "USER 65532" in text
     for yaml in ("qwen2_5_omni", "mimo_audio", "bagel"):
         assert (PLUGIN_DIR / "deploy" / f"{yaml}.yaml").is_file()
