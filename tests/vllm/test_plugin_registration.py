@@ -245,7 +245,9 @@ def test_dockerfile_agrees_with_the_pins_and_the_operator():
     # GPU nodes build on vLLM-Omni's release image of the pinned version (the default BASE)
     assert re.search(rf"^ARG BASE=vllm/vllm-omni:v{re.escape(pin)}$", text, re.M)
     assert re.search(r"^FROM \$\{BASE\}$", text, re.M)
-    assert "--no-deps" in text and "ENTRYPOINT []" in text and "USER 65532" in text
+    # the project installs under the base's frozen set, and the build fails if any of it changed
+    assert "pip install -c /tmp/base-frozen.txt" in text and "the install changed the base" in text
+    assert "ENTRYPOINT []" in text and "USER 65532" in text
     for yaml in ("qwen2_5_omni", "mimo_audio", "bagel"):
         assert (PLUGIN_DIR / "deploy" / f"{yaml}.yaml").is_file()
     # The operator starts `vllm serve <model> --omni` for the vllm-omni backend.
