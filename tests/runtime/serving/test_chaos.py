@@ -126,7 +126,12 @@ def load(served: Served) -> Iterator[Load]:
 
 
 def _record(served: Served) -> Path:
-    (path,) = [p for p in served.shm.iterdir() if p.name.startswith("horizonserve-control-")]
+    """The run's control record (not its `-queues` record of downstream queue depths)."""
+    (path,) = [
+        p
+        for p in served.shm.iterdir()
+        if p.name.startswith("horizonserve-control-") and not p.name.endswith("-queues")
+    ]
     return path
 
 
@@ -240,6 +245,8 @@ def test_a_killed_front_leaves_no_stage_and_its_record_is_removed_at_the_next_st
     srv = start_server(tmp_path)
     pids = [int(s["pid"]) for s in srv.healthz()["stages"].values()]
     leftover = _record(srv)
+    leftover_queues = leftover.with_name(leftover.name + "-queues")
+    assert leftover_queues.exists()
     srv.proc.kill()  # SIGKILL: no cleanup in the front process at all
     srv.proc.wait()
     deadline = time.monotonic() + 15
@@ -249,8 +256,9 @@ def test_a_killed_front_leaves_no_stage_and_its_record_is_removed_at_the_next_st
     assert leftover.exists()  # nobody could remove it ...
     again = start_server(tmp_path)  # ... until the next start sweeps it
     try:
-        assert not leftover.exists()
-        assert [p.name for p in again.shm.iterdir()] == [_record(again).name]
+        assert not leftover.exists() and not leftover_queues.exists()
+        record = _record(again).name
+        assert sorted(p.name for p in again.shm.iterdir()) == [record, record + "-queues"]
     finally:
         assert again.stop() == 0
     assert list(again.shm.iterdir()) == []
