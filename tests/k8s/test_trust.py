@@ -20,11 +20,13 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from horizonserve.operator.controller import LIVE_TTL_S
 from tests.charts.chartlib import load_docs
 from tests.helm.helmlib import rule_map, template_text
 from tests.k8s.cluster import KubeCluster, find_binaries, free_port, wait_for
@@ -418,8 +420,13 @@ def test_delete_during_creation_creates_nothing_more(env: dict[str, Any]) -> Non
         for kind in kinds:
             _, listed = cluster.request("GET", f"{base}/{kind}?labelSelector={selector}")
             objects += [(kind, o["metadata"]) for o in listed["items"]]
-    late_objects = [f"{k}/{m['name']}" for k, m in objects if m["creationTimestamp"] > deleted_at]
+    # The operator's live gate lets a create start up to LIVE_TTL_S (0.25 s) after the delete;
+    # timestamps are whole seconds, so such a create may read one second later, never more.
+    grace = _rfc3339(deleted_at) + 1
+    late_objects = [f"{k}/{m['name']}" for k, m in objects
+                    if _rfc3339(m["creationTimestamp"]) > grace]  # fmt: skip
     assert late_objects == [], late_objects
+    assert LIVE_TTL_S < 1
     for kind, meta in objects:
         group = "/api/v1" if kind in ("configmaps", "serviceaccounts") else (
             "/apis/rbac.authorization.k8s.io/v1")  # fmt: skip
@@ -428,6 +435,11 @@ def test_delete_during_creation_creates_nothing_more(env: dict[str, Any]) -> Non
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
     for name in nodes:
         cluster.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+def _rfc3339(stamp: str) -> float:
+    """Seconds since the epoch of an API server timestamp ("2026-12-05T00:57:28Z")."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def _used_verbs(audit: Path, user: str) -> dict[tuple[str, str], set[str]]:
