@@ -13,10 +13,12 @@ token, ttfo: an audio chunk, e2e: the image). Nothing here imports vLLM: the pro
 HTTP, so a GPU node and a CPU machine run the same code; only the started command differs.
 
 The same streams give the shared stage's (thinker's) decode time per output token: per request,
-its first streamed text delta to its last over its answer tokens after the first (vLLM's TPOT),
-nearest-rank p50 / p95 over the class's requests (every interval is in the raw log), and the
-answer length (`usage.completion_tokens`). The probing (HTTP/SSE, the
-started server) is `vllm_omni_probe`; this module builds the artifact.
+the mean of the inter-token latencies the engine itself reports for stage 0 in the stream
+(`return_stage_metrics`; vLLM's TPOT), else the client's first to last text delta over the
+answer tokens after the first; nearest-rank p50 / p95 over the class's requests (every
+interval, both views, is in the raw log); and the answer length (`usage.completion_tokens`).
+The probing (HTTP/SSE, the started server) is `vllm_omni_probe`; this module builds the
+artifact.
 
 Writes `<pipeline>--<gpu>--<driver>--vllm-omni.json` into --out-dir: a `CalibrationArtifact`
 whose `solo_p95_s` holds the measured classes (nearest-rank p95, as the reference calibration
@@ -225,29 +227,35 @@ class TokenStats:
     tpot_p95_s: float
     tpot_s: list[float]  # per measured request with at least two text deltas
     answer_tokens: list[int]  # usage.completion_tokens per request (empty: none sent)
+    engine: bool  # every request timed by the engine (else some at the client)
 
 
 def request_tpot(gaps: list[float], tokens: int | None) -> float | None:
-    """One request's decode time per output token: from its first text delta to its last,
-    over the tokens after the first (`tokens`: the answer length; None: one per delta), as
-    vLLM's benchmarks take TPOT. Deltas that arrive bunched (two tokens in one, or two close
-    together behind a busy server loop) leave the sum, so this mean, unchanged."""
+    """One request's decode time per output token from the client's view: its first text delta
+    to its last, over the tokens after the first (`tokens`: the answer length; None: one per
+    delta), as vLLM's benchmarks take TPOT."""
     n = tokens if tokens is not None else len(gaps) + 1
     return sum(gaps) / (n - 1) if gaps and n > 1 else None
 
 
 def token_stats(rec: dict[str, Any]) -> TokenStats | None:
     """The per-token decode time and answer lengths of one class's raw record; None when no
-    request streamed two text deltas (nothing to time)."""
+    request has one. Per request: the mean of the engine's own inter-token latencies of the
+    shared stage (its TPOT), else, when the server sent no stage metrics, `request_tpot` (a
+    busy server loop can deliver the deltas bunched, down to all at once: 0 s per token)."""
     per_request = [
-        request_tpot(gaps, tokens)
-        for gaps, tokens in zip(rec["token_interval_s"], rec["answer_tokens"], strict=True)
-    ]
+        (sum(itl) / len(itl) if itl else None) if itl is not None else request_tpot(gaps, n)
+        for gaps, n, itl in zip(
+            rec["token_interval_s"], rec["answer_tokens"], rec["engine_token_interval_s"],
+            strict=True,
+        )
+    ]  # fmt: skip
     tpots = [round(t, 6) for t in per_request if t is not None]
     if not tpots:
         return None
     answers = [n for n in rec["answer_tokens"] if n is not None]
-    return TokenStats(nearest_rank(tpots, 0.5), nearest_rank(tpots, 0.95), tpots, answers)
+    engine = all(itl is not None for itl in rec["engine_token_interval_s"])
+    return TokenStats(nearest_rank(tpots, 0.5), nearest_rank(tpots, 0.95), tpots, answers, engine)
 
 
 def _answers(t: TokenStats) -> str:
@@ -302,10 +310,16 @@ def build_artifact(
         t = token_stats(rec)
         if t is None:
             continue
+        how = (
+            "the mean of the shared stage's inter-token latencies as the engine timed them "
+            "(stream metrics.stage_metrics)"
+            if t.engine
+            else "its first streamed text delta to its last over its answer tokens after the "
+            "first (at the client)"
+        )
         notes[f"profile.{name}.tpot_s"] = (
             f"measured: vLLM-Omni, p50 {t.tpot_p50_s} s, p95 {t.tpot_p95_s} s (nearest rank) "
-            f"over {len(t.tpot_s)} solo requests, each from its first streamed text delta to "
-            "its last over its answer tokens after the first"
+            f"over {len(t.tpot_s)} solo requests, each {how}"
         )
         notes[f"profile.{name}.answer_tokens"] = f"measured: vLLM-Omni, {_answers(t)}"
         if rec["metric"] == cfg.Metric.TTFT.value:
@@ -328,9 +342,9 @@ def build_artifact(
         f"(HorizonServe off) by horizonserve calibrate --backend vllm-omni on {when}: "
         f"`{command}`. Each class alone, one streamed chat request at a time; first response "
         "taken at the client (first text token / audio chunk / image), nearest-rank p95; "
-        "per-token time: each request's first to last streamed text delta over its answer "
-        "tokens after the first (notes profile.<class>.*; shared.decode_step_s holds the "
-        "text-answer classes' p50). Classes not listed "
+        "per-token time: per request the mean of the shared stage's inter-token latencies "
+        "the engine reports in the stream (notes profile.<class>.*; shared.decode_step_s "
+        "holds the text-answer classes' p50). Classes not listed "
         f"in solo_p95_s were not measured. Every other field is carried over from {origin}."
     )
     entry = tpl.model_copy(

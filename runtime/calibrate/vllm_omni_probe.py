@@ -3,9 +3,10 @@
 One probe request per class (its input built here: text, a WAV tone, a PNG gradient), sent as a
 streamed chat completion; `Server.stream` reads the SSE stream to its end and returns what the
 artifact needs from it: the first-response latency (first event carrying the class's output),
-the arrival time of every text delta (the shared stage's per-token decode time is the interval
-between consecutive ones, after the first) and the answer length (`usage.completion_tokens`
-when the server sends it, which it does when asked with `stream_options.include_usage`).
+the shared stage's inter-token latencies as the engine timed them (`metrics.stage_metrics`,
+sent when asked with `return_stage_metrics`), the arrival time of every text delta at the
+client (the fallback, when the server sends no stage metrics) and the answer length
+(`usage.completion_tokens`, sent when asked with `stream_options.include_usage`).
 Also `vllm serve MODEL --omni` started as a child (`StartedServer`). Nothing here imports
 vLLM: it talks HTTP.
 """
@@ -50,6 +51,9 @@ PROMPT = "Describe a quiet morning by the sea in a few sentences."
 AUDIO_S = 2.0  # probe audio clip: a 440 Hz tone, 16 kHz mono
 IMAGE_PX = 224  # probe image: a colour gradient, IMAGE_PX x IMAGE_PX
 POLL_S = 2.0
+# The stage whose timing the stream's `metrics.stage_metrics` reports under this key: stage 0,
+# the shared stage (thinker / LLM) of every shipped pipeline.
+SHARED = "0"
 
 
 class VllmOmniCalibrationError(ValueError):
@@ -163,6 +167,7 @@ def request_body(probe: Probe, model: str, seq: int, s: ProbeSettings) -> dict[s
         "max_tokens": s.max_tokens,
         "modalities": MODALITIES[probe.metric],
         "stream_options": {"include_usage": True},  # the answer length, in the last event
+        "return_stage_metrics": True,  # the engine's own per-stage timing, on the events
     }
     if s.min_tokens is not None:
         body["min_tokens"] = s.min_tokens
@@ -215,6 +220,7 @@ class Server:
         first: float | None = None
         text_at: list[float] = []
         tokens: int | None = None
+        engine_itl: list[float] | None = None
         seen: set[str] = set()
         try:
             t0 = time.perf_counter()
@@ -233,6 +239,9 @@ class Server:
                 event = json.loads(payload)
                 if "error" in event:
                     raise ProbeRefused(f"error in the stream: {_error_text(payload)}")
+                shared = ((event.get("metrics") or {}).get("stage_metrics") or {}).get(SHARED)
+                if shared and shared.get("vllm_itls_ms") is not None:
+                    engine_itl = [ms / 1e3 for ms in shared["vllm_itls_ms"]]  # the latest holds all
                 usage = event.get("usage") or {}
                 if not event.get("choices") and usage.get("completion_tokens") is not None:
                     tokens = int(usage["completion_tokens"])  # the final usage event only
@@ -248,7 +257,7 @@ class Server:
         if first is None:
             got = ", ".join(sorted(seen)) or "nothing"
             raise ProbeRefused(f"the answer streamed {got} but no {output}")
-        return Sample(first, tuple(text_at), tokens)
+        return Sample(first, tuple(text_at), tokens, engine_itl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +267,7 @@ class Sample:
     first_s: float  # first event carrying the class's output
     text_at_s: tuple[float, ...]  # every event carrying text, in arrival order
     tokens: int | None  # usage.completion_tokens (None: the server sent no usage)
+    engine_itl_s: list[float] | None  # the shared stage's inter-token latencies, engine-side
 
     def intervals(self) -> list[float]:
         """Inter-token intervals of the streamed text after its first token."""
@@ -407,6 +417,7 @@ def measure(
         lat: list[float] = []
         gaps: list[list[float]] = []
         tokens: list[int | None] = []
+        engine: list[list[float] | None] = []
         for i in range(warmup + repeats):
             body = request_body(probe, model, seq, settings)
             seq += 1
@@ -431,6 +442,9 @@ def measure(
                 lat.append(x.first_s)
                 gaps.append([round(g, 6) for g in x.intervals()])
                 tokens.append(x.tokens)
+                engine.append(
+                    None if x.engine_itl_s is None else [round(g, 6) for g in x.engine_itl_s]
+                )
         wall = time.monotonic() - t0
         out[probe.name] = {
             "metric": probe.metric.value,
@@ -438,6 +452,7 @@ def measure(
             "output": probe.output,
             "latency_s": lat,
             "token_interval_s": gaps,
+            "engine_token_interval_s": engine,
             "answer_tokens": tokens,
             "warmup": warmup,
             "wall_s": round(wall, 3),

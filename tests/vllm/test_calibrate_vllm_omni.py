@@ -9,8 +9,8 @@ positive, plausible solo p95 for text-text (first text token) and text-speech (f
 chunk), speech above text, each the nearest-rank p95 of the samples in the raw log; the
 plugin's own settings apply it (SLO target = p95 × multiplier, the other classes untouched),
 and the ways served with exactly those targets; the shared stage's per-token decode time of
-text-text (p50 / p95 over requests of first-to-last text delta per answer token, recomputed
-from the raw log's intervals) is positive and its p50 sets `shared.decode_step_s` at the whole
+text-text (p50 / p95 over requests of the mean of the engine's own inter-token latencies,
+recomputed from the raw log) is positive and its p50 sets `shared.decode_step_s` at the whole
 device, and the answer lengths are the fixed ones; a bad option
 fails with exit status 2 and a message naming the option (also a server that does not start).
 
@@ -91,13 +91,18 @@ def test_artifact_has_the_measured_per_token_decode_time(calibration: dict[str, 
     # every token after the first streamed as its own delta or merged into a later one
     assert text["answer_tokens"] == [length] * repeats
     assert all(0 < len(request) <= length - 1 for request in text["token_interval_s"])
-    # per request: first to last text delta over the 23 tokens after the first
-    tpots = [round(sum(request) / (length - 1), 6) for request in text["token_interval_s"]]
+    # per request: the mean of the thinker's inter-token latencies as the engine timed them
+    # (stage 0 in the stream's metrics), one per token after the first
+    engine = text["engine_token_interval_s"]
+    assert all(itl is not None and len(itl) == length - 1 for itl in engine), engine
+    assert all(g > 0 for itl in engine for g in itl)
+    tpots = [round(sum(itl) / len(itl), 6) for itl in engine]
     p50, p95 = nearest_rank(tpots, 0.5), nearest_rank(tpots, 0.95)
     assert 0 < p50 <= p95 < 10.0
     note = entry.notes["profile.text-text.tpot_s"]
     assert note.startswith("measured: vLLM-Omni")
     assert f"p50 {p50} s, p95 {p95} s (nearest rank) over {repeats} solo requests" in note
+    assert "as the engine timed them" in note
     assert f"p50 {length}, p95 {length}" in entry.notes["profile.text-text.answer_tokens"]
     # the shared stage's decode step on the whole device is the text class's p50 (the only
     # text-answer class measured), replacing the borrowed figure
