@@ -66,7 +66,7 @@ def engine_python() -> Path:
     pytest.skip(reason)
 
 
-def tiny_weights(python: Path, root: Path) -> Path:
+def make_tiny_weights(python: Path, root: Path) -> Path:
     """The tiny checkpoint, laid out as a model-cache PVC holds it; served by this path."""
     out = root / "Qwen2.5-Omni-tiny"
     proc = subprocess.run([str(python), "-I", str(HERE / "omni_tiny.py"), str(out)],
@@ -86,7 +86,7 @@ def pipeline_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if "report" not in _SESSION:
         python = engine_python()
         tmp = tmp_path_factory.mktemp("omni-pipeline")
-        weights = tiny_weights(python, tmp_path_factory.mktemp("pvc"))
+        weights = make_tiny_weights(python, tmp_path_factory.mktemp("pvc"))
         out = tmp / "report.json"
         proc = subprocess.run(
             [str(python), "-I", str(HERE / "omni_pipeline_driver.py"),

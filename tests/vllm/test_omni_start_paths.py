@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from omni_pipeline_driver import cpu_deploy, serving_config
-from test_omni_pipeline import engine_python, tiny_weights  # noqa: F401 (fixture)
+from test_omni_pipeline import engine_python, make_tiny_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -34,6 +34,11 @@ SCHEDULERS = {
     "code2wav": "horizonserve.runtime.engine.vllm_omni.scheduler.generation_scheduler",
 }
 REFUSAL = "HorizonServe refuses to start: "
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_weights(engine_python(), tmp_path_factory.mktemp("pvc"))
 
 
 def start(path: str, model: Path, tmp: Path) -> tuple[dict, str]:
@@ -63,7 +68,7 @@ def start(path: str, model: Path, tmp: Path) -> tuple[dict, str]:
 @pytest.mark.parametrize("path", ["async_omni", "omni"])
 def test_start_path_runs_horizonserve_in_every_stage(
     path: str,
-    tiny_weights: Path,  # noqa: F811 (the fixture)
+    tiny_weights: Path,
     tmp_path: Path,
 ) -> None:
     result, log = start(path, tiny_weights, tmp_path)
