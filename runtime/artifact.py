@@ -278,6 +278,11 @@ class PipelineCalibration(_Model):
         default_factory=dict, description="Measured solo p95 first-response latency per class."
     )
     solo_p95_source: str | None = Field(None, description="How solo_p95_s was measured.")
+    tpot_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="Measured shared-stage seconds per output token per class (p50 of solo "
+        "requests on the serving engine); replaces that class profile's tpot_s when applied.",
+    )
     solo_p95_ci_s: dict[str, tuple[float | None, float | None]] = Field(
         default_factory=dict,
         description="95 % order-statistic CI of each solo p95 (None: unbounded that side).",

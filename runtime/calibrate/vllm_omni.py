@@ -290,6 +290,7 @@ def build_artifact(
     )
     ladder = tpl.ladder if tpl.ladder.total == key.sm_count else cfg.default_ladder(key.sm_count)
     p95s, cis, counts, walls = {}, {}, {}, {}
+    tpots: dict[str, float] = {}  # the class profiles' tpot_s the plugin applies (p50, > 0)
     carried = (
         f"carried over from {origin}: calibrate --backend vllm-omni measures only solo_p95_s "
         "and the shared stage's per-token decode time"
@@ -322,6 +323,8 @@ def build_artifact(
             f"over {len(t.tpot_s)} solo requests, each {how}"
         )
         notes[f"profile.{name}.answer_tokens"] = f"measured: vLLM-Omni, {_answers(t)}"
+        if t.tpot_p50_s > 0:
+            tpots[name] = t.tpot_p50_s
         if rec["metric"] == cfg.Metric.TTFT.value:
             text_tpots += t.tpot_s
     shared = tpl.shared
@@ -354,6 +357,7 @@ def build_artifact(
             "shared": shared,
             "solo_p95_s": p95s,
             "solo_p95_source": "measured: vLLM-Omni, client-side first response, solo",
+            "tpot_s": tpots,
             "solo_p95_ci_s": cis,
             "solo_samples": counts,
             "solo_wall_s": walls,

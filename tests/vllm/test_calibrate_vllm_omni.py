@@ -104,6 +104,7 @@ def test_artifact_has_the_measured_per_token_decode_time(calibration: dict[str, 
     assert f"p50 {p50} s, p95 {p95} s (nearest rank) over {repeats} solo requests" in note
     assert "as the engine timed them" in note
     assert f"p50 {length}, p95 {length}" in entry.notes["profile.text-text.answer_tokens"]
+    assert entry.tpot_s["text-text"] == p50  # what the plugin's class profile takes
     # the shared stage's decode step on the whole device is the text class's p50 (the only
     # text-answer class measured), replacing the borrowed figure
     step = entry.shared.decode_step_s.at(entry.ladder.total)
@@ -128,6 +129,10 @@ def test_plugin_settings_apply_it_and_the_ways_served_with_it(
             assert calibration["slo_s"][cls.name] == pytest.approx(got)  # what the ways used
         else:  # not measured: the ServingConfig's own
             assert got == pytest.approx(shipped.slo.target_s(cls.name))
+        # the plugin predicts when a place frees from the measured per-token time
+        tpot = config.slo.get(cls.name).profile.tpot_s
+        assert tpot == entry.tpot_s.get(cls.name, cls.profile.tpot_s)
+    assert entry.tpot_s.keys() == set(MEASURED)
     print("\nSLO targets s: " + ", ".join(f"{c} {calibration['slo_s'][c]:.3f}" for c in MEASURED))
 
 

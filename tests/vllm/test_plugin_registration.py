@@ -202,6 +202,18 @@ def test_config_precedence_and_calibration(tmp_path):
     assert calibrated.control.b_sat == entry.b_sat
     for cls in calibrated.slo.classes:
         assert cls.solo_p95_s == entry.solo_p95_s.get(cls.name, cls.solo_p95_s)
+    # an artifact measured on vLLM-Omni also carries per-token times: they replace the
+    # profiles' of the classes it measured, and only theirs
+    name = calibrated.slo.classes[0].name
+    measured = entry.model_copy(update={"tpot_s": {name: 0.0375}})
+    with_tpot = artifact.model_copy(update={"pipelines": {"bagel": measured}})
+    applied = settings.apply_calibration(by_pipeline, with_tpot)
+    for before, after in zip(calibrated.slo.classes, applied.slo.classes, strict=True):
+        want = 0.0375 if before.name == name else before.profile.tpot_s
+        assert after.profile.tpot_s == want
+        assert after.profile.model_dump(exclude={"tpot_s"}) == before.profile.model_dump(
+            exclude={"tpot_s"}
+        )
 
 
 def test_guess_pipeline_from_the_command_line():

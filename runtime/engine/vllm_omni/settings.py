@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from horizonserve.runtime.baselines import check_engine
 from horizonserve.runtime.config import (
@@ -39,11 +40,15 @@ from horizonserve.runtime.config import (
     CalibrationMode,
     ControlParams,
     PolicyName,
+    RequestClass,
     ServingConfig,
     SloTable,
     default_ladder,
     load_pipeline,
 )
+
+if TYPE_CHECKING:
+    from horizonserve.runtime.artifact import PipelineCalibration
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +219,8 @@ def with_policy(config: ServingConfig, env: Mapping[str, str] | None = None) -> 
 
 
 def apply_calibration(config: ServingConfig, artifact: object) -> ServingConfig:
-    """Measured solo p95 (→ SLO targets), B_sat and (unless pinned) the ladder of an artifact."""
+    """Measured solo p95 (→ SLO targets), per-token decode times (→ class profiles), B_sat
+    and (unless pinned) the ladder of an artifact."""
     from horizonserve.runtime.artifact import CalibrationArtifact
 
     assert isinstance(artifact, CalibrationArtifact)
@@ -226,12 +232,7 @@ def apply_calibration(config: ServingConfig, artifact: object) -> ServingConfig:
             sorted(artifact.pipelines),
         )
         return config
-    classes = [
-        c.model_copy(update={"solo_p95_s": entry.solo_p95_s[c.name]})
-        if c.name in entry.solo_p95_s
-        else c
-        for c in config.slo.classes
-    ]
+    classes = [_calibrated_class(c, entry) for c in config.slo.classes]
     slo = SloTable.model_validate({**config.slo.model_dump(), "classes": classes})
     pinned = config.ladder != default_ladder(config.ladder.total)
     ladder = config.ladder if pinned else entry.ladder
@@ -239,6 +240,16 @@ def apply_calibration(config: ServingConfig, artifact: object) -> ServingConfig:
     if control.b_sat == ControlParams().b_sat:
         control = control.model_copy(update={"b_sat": entry.b_sat})
     return config.model_copy(update={"slo": slo, "ladder": ladder, "control": control})
+
+
+def _calibrated_class(cls: RequestClass, entry: PipelineCalibration) -> RequestClass:
+    """`cls` with what `entry` measured for it (the rest as configured)."""
+    update: dict[str, object] = {}
+    if cls.name in entry.solo_p95_s:
+        update["solo_p95_s"] = entry.solo_p95_s[cls.name]
+    if cls.name in entry.tpot_s:
+        update["profile"] = cls.profile.model_copy(update={"tpot_s": entry.tpot_s[cls.name]})
+    return cls.model_copy(update=update) if update else cls
 
 
 def find_calibration(config: ServingConfig, env: Mapping[str, str]) -> Path | None:
