@@ -282,6 +282,9 @@ class PipelineCalibration(_Model):
         default_factory=dict,
         description="Measured shared-stage seconds per output token per class (p50 of solo "
         "requests on the serving engine); replaces that class profile's tpot_s when applied.",
+        # not written when empty: artifacts without it keep their bytes (and their sha256,
+        # which recorded reports name)
+        exclude_if=lambda v: not v,
     )
     solo_p95_ci_s: dict[str, tuple[float | None, float | None]] = Field(
         default_factory=dict,
