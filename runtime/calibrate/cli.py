@@ -272,22 +272,24 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         vllm_omni.check_backend_options(args)
+        mode = _resolve_node_defaults(args)
+        pipelines = parse_pipelines(args.pipeline)
+        if mode is cfg.CalibrationMode.SKIP:
+            print("calibration skipped (mode skip)")
+            return 0
         if args.backend == vllm_omni.BACKEND:
-            return _run_vllm_omni(args)
+            return _run_vllm_omni(args, mode, pipelines)
     except vllm_omni.VllmOmniCalibrationError as exc:
         raise CalibrateError(str(exc)) from None
-    return _run_reference(args)
+    return _run_reference(args, mode, pipelines)
 
 
-def _run_vllm_omni(args: argparse.Namespace) -> int:
+def _run_vllm_omni(
+    args: argparse.Namespace, mode: cfg.CalibrationMode, pipelines: tuple[str, ...]
+) -> int:
     """`--backend vllm-omni`: the SLO table measured on the served engine."""
     from horizonserve.runtime.calibrate import vllm_omni
 
-    mode = _resolve_node_defaults(args)
-    pipelines = parse_pipelines(args.pipeline)
-    if mode is cfg.CalibrationMode.SKIP:
-        print("calibration skipped (mode skip)")
-        return 0
     one = len(pipelines) == 1
     found = vllm_omni.existing(args, pipelines[0], artifact_name) if one else None
     if mode is cfg.CalibrationMode.AUTO and found:
@@ -297,17 +299,14 @@ def _run_vllm_omni(args: argparse.Namespace) -> int:
     return vllm_omni.run(args, pipelines, command, artifact_name)
 
 
-def _run_reference(args: argparse.Namespace) -> int:
+def _run_reference(
+    args: argparse.Namespace, mode: cfg.CalibrationMode, pipelines: tuple[str, ...]
+) -> int:
     from tqdm import tqdm
 
     from horizonserve.runtime.calibrate.build import build_artifact
     from horizonserve.runtime.calibrate.measure import CalibrationOptions, Calibrator
 
-    mode = _resolve_node_defaults(args)
-    pipelines = parse_pipelines(args.pipeline)
-    if mode is cfg.CalibrationMode.SKIP:
-        print("calibration skipped (mode skip)")
-        return 0
     if mode is cfg.CalibrationMode.AUTO and (found := _existing_artifact(pipelines, args.out_dir)):
         print(f"artifact present, not calibrating again (mode auto): {found}")
         return 0
