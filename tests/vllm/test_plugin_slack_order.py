@@ -294,14 +294,29 @@ def test_short_prefill_index_equals_a_full_scan_under_the_control_core(hs_env, l
                 assert index.urgent(now, start - now) == want
 
 
+def _arrive_and_abort(sched, config, clock, rng, arrivals, n: int) -> int:
+    """Add `arrivals` ((priority, age, max_tokens) each, ids from R`n`), then abort one queued
+    or running request with probability 0.05; the next free id number."""
+    from vllm.v1.request import RequestStatus
+
+    for prio, age, max_tokens in arrivals:
+        add(sched, config, clock, [(f"R{n}", prio, age)], n=rng.randint(4, 60),
+            max_tokens=max_tokens)  # fmt: skip
+        n += 1
+    if rng.random() < 0.05:
+        queued = [r for r in list(sched.waiting) + sched.running if not r.is_finished()]
+        if queued:
+            rid = rng.choice(queued).request_id
+            sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+    return n
+
+
 @pytest.mark.parametrize(("kind", "seed"), [("omni_ar", 4), ("omni_ar_async", 5)])
 def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, kind, seed):
     """The controller's indexes under random load on the real scheduler — arrivals fresh,
     protected and late, aborts, vLLM's own KV preemptions and the plugin's — after every
     step, against a walk over the controller's waiting requests."""
     import random
-
-    from vllm.v1.request import RequestStatus
 
     from horizonserve.runtime.engine.vllm_omni.scheduler import free_slots
 
@@ -320,15 +335,7 @@ def test_short_prefill_index_equals_a_full_scan_in_the_scheduler(build, clock, k
             arrivals.append(
                 (TEXT, rng.choice([0.0, 0.05, 0.095, LATE_TEXT_AGE]), rng.randint(1, 4))
             )
-        for prio, age, max_tokens in arrivals:
-            add(sched, config, clock, [(f"R{n}", prio, age)], n=rng.randint(4, 60),
-                max_tokens=max_tokens)  # fmt: skip
-            n += 1
-        if rng.random() < 0.05:
-            queued = [r for r in list(sched.waiting) + sched.running if not r.is_finished()]
-            if queued:
-                rid = rng.choice(queued).request_id
-                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        n = _arrive_and_abort(sched, config, clock, rng, arrivals, n)
         out, _ = run_step(sched)
         now = hs._step_ns * 1e-9
         items = [r for r in hs.waiting.values() if not r._hs_sig.long_path]
@@ -358,8 +365,6 @@ def test_slack_head_from_the_indexes_equals_the_order_of_the_whole_queue(
     long-path phases; a window margin of 1 makes the head shorter than the visible set."""
     import collections
     import random
-
-    from vllm.v1.request import RequestStatus
 
     from horizonserve.runtime.engine.vllm_omni.slack_order import view_order
 
@@ -392,15 +397,7 @@ def test_slack_head_from_the_indexes_equals_the_order_of_the_whole_queue(
                 arrivals.append((SPEECH, age, rng.randint(3, 30)))
         for _ in range(rng.choice([0] * 4 + [1, 1, 2])):
             arrivals.append((TEXT, rng.choice([0.0, 0.0, 0.05, LATE_TEXT_AGE]), rng.randint(1, 4)))
-        for prio, age, max_tokens in arrivals:
-            add(sched, config, clock, [(f"R{n}", prio, age)], n=rng.randint(4, 60),
-                max_tokens=max_tokens)  # fmt: skip
-            n += 1
-        if rng.random() < 0.05:
-            queued = [r for r in list(sched.waiting) + sched.running if not r.is_finished()]
-            if queued:
-                rid = rng.choice(queued).request_id
-                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        n = _arrive_and_abort(sched, config, clock, rng, arrivals, n)
         run_step(sched)
         assert_index_in_sync(sched)
         clock.advance(rng.choice([0.002, 0.01, 0.03]))
